@@ -1,0 +1,282 @@
+"""Library API for building a bank: ingest documents, cluster, register; describe a bank."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .anchor import Anchor, load_anchor, resolve_anchor
+from .config import BankConfig, MemoryConfig, TreeConfig, default_ranks, default_tree, parse_layers
+from .corpus import Document, Window, read_documents, split_windows
+from .embed import get_embedder
+from .errors import BankStateError, InputError
+from .registry import Registry, block_id, memctl_home, now
+from .tree import build_tree, route
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class IngestResult:
+    bank: str
+    created: bool
+    docs_added: int
+    docs_skipped: int
+    windows_added: int
+    tree: tuple[int, int]
+    reclustered: bool
+    stale_blocks: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def _token_counter(anchor: Anchor) -> Callable[[str], int]:
+    tok = anchor.tokenizer
+
+    def count(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    return count
+
+
+def _new_config(
+    anchor: Anchor,
+    anchor_spec: str,
+    embedder: str,
+    window: int,
+    n_windows: int,
+    tree: tuple[int, int] | None,
+    ranks: tuple[int, ...] | None,
+    memory_layers: str,
+    seed: int,
+) -> BankConfig:
+    k, p = tree or default_tree(n_windows)
+    layers = parse_layers(memory_layers, anchor.n_layers)
+    if ranks is None:
+        ranks = default_ranks(k, p, len(layers), anchor.hidden, anchor.n_params)
+    if len(ranks) != p:
+        raise InputError(f"--ranks has {len(ranks)} values but the tree has {p} levels; give one rank per level")
+    if any(r < 0 for r in ranks) or sum(ranks) == 0:
+        raise InputError("--ranks must be non-negative with at least one positive rank")
+    return BankConfig(
+        anchor=anchor_spec,
+        embedder=embedder,
+        window=window,
+        tree=TreeConfig(k=k, p=p, seed=seed),
+        memory=MemoryConfig(ranks=tuple(ranks), layers=layers, hidden=anchor.hidden),
+        seed=seed,
+    )
+
+
+def ingest(
+    name: str,
+    paths: Sequence[str | Path],
+    *,
+    text_field: str = "text",
+    id_field: str | None = None,
+    window: int | None = None,
+    tree: tuple[int, int] | None = None,
+    ranks: tuple[int, ...] | None = None,
+    memory_layers: str | None = None,
+    anchor: str | None = None,
+    embedder: str | None = None,
+    seed: int = 0,
+    home: Path | None = None,
+    progress: Progress | None = None,
+) -> IngestResult:
+    """Add documents to bank `name` (created on first use). Nothing is written unless all succeeds."""
+    home = home or memctl_home()
+    t0 = time.perf_counter()
+    secs: dict[str, float] = {}
+    docs = read_documents(paths, text_field=text_field, id_field=id_field)
+    exists = Registry.exists(name, home)
+    reg = Registry.open(name, home) if exists else None
+    if reg is not None:
+        cfg = reg.config
+        fixed = {"--tree": tree, "--ranks": ranks, "--memory-layers": memory_layers, "--anchor": anchor,
+                 "--embedder": embedder, "--window": window}
+        given = [k for k, v in fixed.items() if v is not None]
+        if given:
+            raise InputError(f"bank {name!r} exists; {', '.join(given)} only apply when a bank is created")
+        anchor_spec, embedder_name, win = cfg.anchor, cfg.embedder, cfg.window
+    else:
+        anchor_spec = str(resolve_anchor(anchor)) if anchor and anchor != "default" else "default"
+        embedder_name, win = embedder or "minilm", window or 512
+        if win < 16:
+            raise InputError("--window must be at least 16 tokens")
+    emb = get_embedder(embedder_name)
+    the_anchor = load_anchor(anchor_spec, home)
+    secs["load"] = time.perf_counter() - t0
+
+    known = reg.doc_hashes() if reg else {}
+    known_shas = set(known.values())
+    new_docs: list[Document] = []
+    skipped = 0
+    for d in docs:
+        if d.id in known:
+            if known[d.id] != d.sha256:
+                raise InputError(f"document {d.id!r} is already in bank {name!r} with different text; forget it first or give it a new id")
+            skipped += 1
+        elif d.sha256 in known_shas:
+            skipped += 1  # same content under another id
+        else:
+            new_docs.append(d)
+            known_shas.add(d.sha256)
+
+    cfg_tree = reg.config.tree if reg else None
+    if not new_docs:
+        assert reg is not None
+        return IngestResult(name, False, 0, skipped, 0, (cfg_tree.k, cfg_tree.p) if cfg_tree else (0, 0), False,
+                            seconds=secs)
+
+    t = time.perf_counter()
+    count = _token_counter(the_anchor)
+    windows: list[Window] = []
+    for i, d in enumerate(new_docs):
+        windows.extend(split_windows(d, win, count))
+        if progress:
+            progress("window", i + 1, len(new_docs))
+    secs["window"] = time.perf_counter() - t
+    t = time.perf_counter()
+    vecs = emb.encode([w.text for w in windows], progress=progress)
+    secs["embed"] = time.perf_counter() - t
+
+    def write(r: Registry, config: BankConfig, created: bool) -> IngestResult:
+        t = time.perf_counter()
+        trained = r.db.execute("select count(*) from blocks where state != 'init'").fetchone()[0] > 0
+        _, old_vecs = r.embeddings()
+        stale: list[str] = []
+        with r.db.atomic():
+            if trained:  # route into the existing tree, no re-clustering
+                tr = r.load_tree()
+                new_routes = route(tr, vecs)
+                reclustered = False
+            else:
+                all_vecs = vecs if old_vecs.size == 0 else np.concatenate([old_vecs, vecs])
+                tr = build_tree(all_vecs, config.tree.k, config.tree.p, seed=config.tree.seed,
+                                iters=config.tree.iters, balance=config.tree.balance, progress=progress)
+                routes = route(tr, all_vecs)
+                new_routes = routes[len(old_vecs):]
+                for (wid,), path in zip(r.db.execute("select id from windows order by id").fetchall(),
+                                        routes[: len(old_vecs)], strict=True):
+                    r.db["windows"].update(wid, {"path": ",".join(map(str, path)), "l1": int(path[0])})
+                r.save_tree(tr)
+                reclustered = True
+            stamp = now()
+            r.db["documents"].insert_all(
+                [{"id": d.id, "source": d.source, "title": d.title, "sha256": d.sha256, "n_chars": len(d.text),
+                  "tags": "", "added": stamp} for d in new_docs], batch_size=500)
+            r.db["windows"].insert_all(
+                [{"doc_id": w.doc_id, "idx": w.idx, "char_start": w.char_start, "char_end": w.char_end,
+                  "sha256": w.sha256, "text": w.text, "n_tokens": w.n_tokens, "path": ",".join(map(str, path)),
+                  "l1": int(path[0]), "embedding": v.astype(np.float32).tobytes()}
+                 for w, path, v in zip(windows, new_routes, vecs, strict=True)], batch_size=500)
+            if created:
+                _create_blocks(r, config)
+            if trained:
+                touched = {(lvl + 1, int(n)) for path in new_routes for lvl, n in enumerate(path)}
+                for lvl, idx in sorted(touched):
+                    row = r.block(lvl, idx)
+                    if row and row["state"] == "trained":
+                        r.db["blocks"].update(row["id"], {"state": "stale", "updated": stamp})
+                        stale.append(row["id"])
+                for lvl in range(1, config.tree.p + 1):  # node sizes follow the new windows
+                    for n, c in zip(*np.unique(new_routes[:, lvl - 1], return_counts=True), strict=True):
+                        r.db.execute("update nodes set n_windows = n_windows + ? where level = ? and idx = ?",
+                                     [int(c), lvl, int(n)])
+        secs["cluster+write"] = time.perf_counter() - t
+        return IngestResult(name, created, len(new_docs), skipped, len(windows), (config.tree.k, config.tree.p),
+                            reclustered, stale, secs)
+
+    if reg is not None:
+        return write(reg, reg.config, created=False)
+    config = _new_config(the_anchor, anchor_spec, embedder_name, win, len(windows), tree, ranks,
+                         memory_layers or "all", seed)
+    with Registry.create(name, config, home) as new:
+        new.set_meta("anchor_digest", the_anchor.digest)
+        new.set_meta("anchor_path", str(the_anchor.path))
+        new.set_meta("anchor_params", str(the_anchor.n_params))
+        new.set_meta("anchor_layers", str(the_anchor.n_layers))
+        result = write(new, config, created=True)
+    return result
+
+
+def _create_blocks(r: Registry, config: BankConfig) -> None:
+    mem, k = config.memory, config.tree.k
+    rows = []
+    for lvl in range(1, config.tree.p + 1):
+        for i in range(k**lvl):
+            rows.append({"id": block_id(lvl, i), "level": lvl, "idx": i, "rank": mem.ranks[lvl - 1], "file": None,
+                         "sha256": None, "dtype": "float32", "n_params": mem.block_params(lvl), "trained_tokens": 0,
+                         "state": "init", "updated": now()})
+    rows.append({"id": "generic", "level": 0, "idx": 0, "rank": mem.fetched_rank, "file": None, "sha256": None,
+                 "dtype": "float32", "n_params": mem.fetched_params, "trained_tokens": 0, "state": "init",
+                 "updated": now()})
+    r.db["blocks"].insert_all(rows, batch_size=1000)
+
+
+def info(name: str, home: Path | None = None) -> dict[str, Any]:
+    """Everything `memctl info` shows, as plain data."""
+    reg = Registry.open(name, home)
+    cfg = reg.config
+    anchor_params = int(reg.get_meta("anchor_params") or 0)
+    levels = []
+    for lvl in range(1, cfg.tree.p + 1):
+        sizes = [r["n_windows"] for r in reg.db.query("select n_windows from nodes where level = ?", [lvl])]
+        states = {r["state"]: r["n"] for r in reg.db.query(
+            "select state, count(*) as n from blocks where level = ? group by state", [lvl])}
+        levels.append({"level": lvl, "rank": cfg.memory.ranks[lvl - 1], "blocks": cfg.tree.k**lvl,
+                       "block_params": cfg.memory.block_params(lvl),
+                       "nonempty_nodes": sum(1 for s in sizes if s > 0),
+                       "windows_per_nonempty_node": (sum(sizes) / max(1, sum(1 for s in sizes if s > 0))),
+                       "states": states})
+    generic = reg.block(0, 0)
+    runs = [dict(r) for r in reg.db.query("select * from runs order by id")]
+    fetched = cfg.memory.fetched_params
+    return {
+        "bank": name,
+        "path": str(reg.path),
+        "anchor": {"spec": cfg.anchor, "path": reg.get_meta("anchor_path"), "sha256": reg.get_meta("anchor_digest"),
+                   "params": anchor_params, "layers": int(reg.get_meta("anchor_layers") or 0)},
+        "embedder": cfg.embedder,
+        "window": cfg.window,
+        "tree": {"k": cfg.tree.k, "p": cfg.tree.p, "seed": cfg.tree.seed},
+        "memory": {"ranks": list(cfg.memory.ranks), "layers": len(cfg.memory.layers),
+                   "first_layer": cfg.memory.layers[0], "hidden": cfg.memory.hidden},
+        "documents": reg.count("documents"),
+        "windows": reg.count("windows"),
+        "tokens": reg.db.execute("select coalesce(sum(n_tokens), 0) from windows").fetchone()[0],
+        "fetched_params": fetched,
+        "fetched_ratio": fetched / anchor_params if anchor_params else None,
+        "bank_params": cfg.memory.bank_params(cfg.tree.k),
+        "bank_bytes_full": 4 * cfg.memory.bank_params(cfg.tree.k),
+        "bytes_on_disk": reg.bytes_on_disk(),
+        "levels": levels,
+        "generic": {"state": generic["state"] if generic else None, "params": fetched},
+        "training": training_state(reg),
+        "runs": runs,
+    }
+
+
+def training_state(reg: Registry) -> str:
+    states = {r["state"]: r["n"] for r in reg.db.query(
+        "select state, count(*) as n from blocks where state != 'init' group by state")}
+    ckpts = list(reg.checkpoint_dir().glob("*.pt"))
+    if ckpts:
+        return f"interrupted ({len(ckpts)} unit checkpoint(s)); run `memctl train` to resume"
+    if not states:
+        return "untrained"
+    if states.get("stale"):
+        return f"trained, {states['stale']} stale block(s) after new documents"
+    return "trained"
+
+
+def require_bank(name: str, home: Path | None = None) -> Registry:
+    reg = Registry.open(name, home)
+    if reg.count("windows") == 0:
+        raise BankStateError(f"bank {name!r} has no documents")
+    return reg

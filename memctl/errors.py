@@ -1,0 +1,32 @@
+"""Errors the library raises on bad input or state. Each message says what to fix.
+
+The CLI turns any MemctlError into one line on stderr and a non-zero exit.
+"""
+
+
+class MemctlError(Exception):
+    """Base class: a problem the user can fix; `str(err)` is the one line to show."""
+
+    exit_code = 1
+
+
+class InputError(MemctlError):
+    """Bad command-line input or bad input files."""
+
+    exit_code = 2
+
+
+class BankNotFound(MemctlError):
+    """The named bank does not exist under MEMCTL_HOME."""
+
+
+class BankStateError(MemctlError):
+    """The bank is not in a state that allows the requested operation."""
+
+
+class AnchorError(MemctlError):
+    """The anchor model cannot be found, loaded or fitted with memories."""
+
+
+class IntegrityError(MemctlError):
+    """A block file is missing or its checksum does not match the registry."""

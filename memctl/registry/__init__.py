@@ -1,0 +1,191 @@
+"""The bank registry: SQLite (sqlite-utils, numbered migrations) plus one safetensors file per block.
+
+A bank is a directory under MEMCTL_HOME/banks/NAME holding registry.db, blocks/ and
+checkpoints/. The registry is the single source of truth between commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sqlite_utils
+import torch
+
+from ..config import BankConfig
+from ..errors import BankNotFound, BankStateError, InputError
+from ..tree import Tree
+from .blockfile import read_block, write_block
+from .migrations import migrate
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def memctl_home() -> Path:
+    return Path(os.environ.get("MEMCTL_HOME") or Path.home() / ".memctl").expanduser()
+
+
+def check_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise InputError(f"bad bank name {name!r}: use letters, digits, '_', '-' or '.' (max 64)")
+    return name
+
+
+def block_id(level: int, idx: int) -> str:
+    return "generic" if level == 0 else f"{level}:{idx}"
+
+
+class Registry:
+    def __init__(self, path: Path, name: str) -> None:
+        self.path = path
+        self.name = name
+        self.db = sqlite_utils.Database(path / "registry.db")
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self.db.execute("PRAGMA secure_delete=ON")
+        migrate(self.db)
+
+    # ---- opening and creating -------------------------------------------------------------
+    @staticmethod
+    def bank_dir(name: str, home: Path | None = None) -> Path:
+        return (home or memctl_home()) / "banks" / check_name(name)
+
+    @classmethod
+    def open(cls, name: str, home: Path | None = None) -> Registry:
+        path = cls.bank_dir(name, home)
+        if not (path / "registry.db").is_file():
+            raise BankNotFound(f"no bank named {name!r} under {path.parent}; create it with `memctl ingest PATH --bank {name}`")
+        return cls(path, name)
+
+    @classmethod
+    def exists(cls, name: str, home: Path | None = None) -> bool:
+        return (cls.bank_dir(name, home) / "registry.db").is_file()
+
+    @classmethod
+    @contextmanager
+    def create(cls, name: str, config: BankConfig, home: Path | None = None) -> Iterator[Registry]:
+        """Build a new bank in a staging directory; it appears under its name only if the block succeeds."""
+        final = cls.bank_dir(name, home)
+        if final.exists():
+            raise BankStateError(f"bank {name!r} already exists at {final}")
+        staging = final.with_name(f".{name}.staging{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        try:
+            reg = cls(staging, name)
+            reg.set_meta("name", name)
+            reg.set_meta("created", now())
+            reg.set_meta("config", config.to_json())
+            yield reg
+            reg.db.close()
+            os.rename(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        reg.path = final
+        reg.db = sqlite_utils.Database(final / "registry.db")
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ---- metadata --------------------------------------------------------------------------
+    def set_meta(self, key: str, value: str) -> None:
+        self.db["meta"].upsert({"key": key, "value": value}, pk="key")
+
+    def get_meta(self, key: str, default: str | None = None) -> str | None:
+        rows = list(self.db.query("select value from meta where key = ?", [key]))
+        return rows[0]["value"] if rows else default
+
+    @property
+    def config(self) -> BankConfig:
+        text = self.get_meta("config")
+        assert text is not None
+        return BankConfig.from_json(text)
+
+    # ---- documents and windows -------------------------------------------------------------
+    def doc_hashes(self) -> dict[str, str]:
+        return {r["id"]: r["sha256"] for r in self.db.query("select id, sha256 from documents")}
+
+    def count(self, table: str) -> int:
+        return self.db[table].count
+
+    def windows(self, where: str = "", params: list[Any] | None = None) -> list[dict[str, Any]]:
+        sql = "select id, doc_id, idx, text, n_tokens, path, l1 from windows"
+        if where:
+            sql += " where " + where
+        return [dict(r) for r in self.db.query(sql + " order by id", params or [])]
+
+    def embeddings(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids (N,), embeddings (N, dim))."""
+        rows = list(self.db.query("select id, embedding from windows order by id"))
+        if not rows:
+            return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+        ids = np.array([r["id"] for r in rows], dtype=np.int64)
+        return ids, np.stack([np.frombuffer(r["embedding"], dtype=np.float32) for r in rows])
+
+    # ---- tree -------------------------------------------------------------------------------
+    def save_tree(self, tree: Tree) -> None:
+        self.db["nodes"].delete_where()
+        rows = []
+        for lvl, (cent, sizes) in enumerate(zip(tree.centroids, tree.sizes, strict=True), start=1):
+            for i in range(cent.shape[0]):
+                rows.append({"level": lvl, "idx": i, "centroid": cent[i].astype(np.float32).tobytes(), "n_windows": int(sizes[i])})
+        self.db["nodes"].insert_all(rows, batch_size=1000)
+
+    def load_tree(self) -> Tree:
+        cfg = self.config.tree
+        rows = list(self.db.query("select level, idx, centroid, n_windows from nodes order by level, idx"))
+        if not rows:
+            raise BankStateError(f"bank {self.name!r} has no tree yet; ingest documents first")
+        cents, sizes = [], []
+        for lvl in range(1, cfg.p + 1):
+            lv = [r for r in rows if r["level"] == lvl]
+            cents.append(np.stack([np.frombuffer(r["centroid"], dtype=np.float32) for r in lv]))
+            sizes.append(np.array([r["n_windows"] for r in lv], dtype=np.int64))
+        return Tree(k=cfg.k, p=cfg.p, centroids=cents, sizes=sizes)
+
+    # ---- blocks -----------------------------------------------------------------------------
+    def blocks(self, where: str = "", params: list[Any] | None = None) -> list[dict[str, Any]]:
+        sql = "select * from blocks" + (" where " + where if where else "") + " order by level, idx"
+        return [dict(r) for r in self.db.query(sql, params or [])]
+
+    def block(self, level: int, idx: int) -> dict[str, Any] | None:
+        rows = self.blocks("level = ? and idx = ?", [level, idx])
+        return rows[0] if rows else None
+
+    def block_file(self, level: int, idx: int) -> Path:
+        name = "generic" if level == 0 else f"L{level}-{idx:06d}"
+        return self.path / "blocks" / f"{name}.safetensors"
+
+    def write_block(self, level: int, idx: int, tensors: dict[str, torch.Tensor]) -> tuple[str, str]:
+        """Write a block file atomically; returns (relative file, sha256). The row is the caller's."""
+        path = self.block_file(level, idx)
+        sha = write_block(path, tensors, {"bank": self.name, "block": block_id(level, idx)})
+        return str(path.relative_to(self.path)), sha
+
+    def read_block(self, row: dict[str, Any]) -> dict[str, torch.Tensor]:
+        return read_block(self.path / row["file"], row["sha256"])
+
+    def bytes_on_disk(self) -> int:
+        d = self.path / "blocks"
+        return sum(p.stat().st_size for p in d.glob("*.safetensors")) if d.is_dir() else 0
+
+    def checkpoint_dir(self) -> Path:
+        p = self.path / "checkpoints"
+        p.mkdir(exist_ok=True)
+        return p
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True)

@@ -1,0 +1,93 @@
+"""Numbered schema migrations. Append new ones; never edit an applied one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import sqlite_utils
+
+
+def _m001_initial(db: sqlite_utils.Database) -> None:
+    db["meta"].create({"key": str, "value": str}, pk="key")
+    db["documents"].create(
+        {"id": str, "source": str, "title": str, "sha256": str, "n_chars": int, "tags": str, "added": str},
+        pk="id",
+    )
+    db["documents"].create_index(["sha256"])
+    db["windows"].create(
+        {
+            "id": int,
+            "doc_id": str,
+            "idx": int,
+            "char_start": int,
+            "char_end": int,
+            "sha256": str,
+            "text": str,
+            "n_tokens": int,
+            "path": str,  # comma-separated node index per level
+            "l1": int,  # level-1 node: the training unit
+            "embedding": bytes,  # float32 (dim,), L2-normalised
+        },
+        pk="id",
+        foreign_keys=[("doc_id", "documents", "id")],
+    )
+    db["windows"].create_index(["doc_id"])
+    db["windows"].create_index(["l1"])
+    db["nodes"].create(
+        {"level": int, "idx": int, "centroid": bytes, "n_windows": int}, pk=("level", "idx")
+    )
+    db["blocks"].create(
+        {
+            "id": str,  # "L:I" or "generic"
+            "level": int,  # 0 for the generic memory
+            "idx": int,
+            "rank": int,
+            "file": str,
+            "sha256": str,
+            "dtype": str,
+            "n_params": int,
+            "trained_tokens": int,
+            "state": str,  # init | trained | stale
+            "updated": str,
+        },
+        pk="id",
+    )
+    db["blocks"].create_index(["level", "idx"], unique=True)
+    db["block_docs"].create(
+        {"block_id": str, "doc_id": str, "tokens": int}, pk=("block_id", "doc_id")
+    )
+    db["block_docs"].create_index(["doc_id"])
+    db["runs"].create(
+        {
+            "id": int,
+            "started": str,
+            "finished": str,
+            "status": str,  # running | done | failed
+            "unit": str,  # level-1 node index or "generic"
+            "config": str,
+            "steps": int,
+            "tokens": int,
+            "loss_first": float,
+            "loss_last": float,
+            "seconds": float,
+        },
+        pk="id",
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m001_initial]
+
+
+def migrate(db: sqlite_utils.Database) -> int:
+    """Apply pending migrations, each in its own transaction. Returns the schema version."""
+    if "schema_migrations" not in db.table_names():
+        db["schema_migrations"].create({"version": int, "applied": str}, pk="version")
+    done = {r["version"] for r in db["schema_migrations"].rows}
+    for version, step in enumerate(MIGRATIONS, start=1):
+        if version in done:
+            continue
+        with db.atomic():
+            step(db)
+            db["schema_migrations"].insert({"version": version, "applied": datetime.now(UTC).isoformat()})
+    return len(MIGRATIONS)

@@ -1,0 +1,162 @@
+"""Hierarchical balanced k-means and greedy routing (pure numpy, seeded; knows no files or SQL).
+
+Node numbering: level l (1-based) has k**l nodes; node i at level l has children
+i*k + j (j < k) at level l+1. A route is the tuple of node indices (i1, ..., ip), one per level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class Tree:
+    k: int
+    p: int
+    centroids: list[np.ndarray]  # level l-1 -> (k**l, dim) float32
+    sizes: list[np.ndarray]  # level l-1 -> (k**l,) int64, training windows per node
+
+    @property
+    def dim(self) -> int:
+        return int(self.centroids[0].shape[1])
+
+
+def _kmeans_pp(x: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ seeding; with fewer distinct points than k the rest repeat the first centre."""
+    n = x.shape[0]
+    centres = np.empty((k, x.shape[1]), dtype=np.float32)
+    centres[0] = x[rng.integers(n)]
+    d2 = ((x - centres[0]) ** 2).sum(1)
+    for c in range(1, k):
+        total = float(d2.sum())
+        if total <= 1e-12:
+            centres[c:] = centres[0]
+            break
+        idx = int(rng.choice(n, p=d2 / total))
+        centres[c] = x[idx]
+        d2 = np.minimum(d2, ((x - centres[c]) ** 2).sum(1))
+    return centres
+
+
+def _assign(x: np.ndarray, centres: np.ndarray) -> np.ndarray:
+    # squared L2 without the constant |x|^2 term; ties go to the lowest index
+    scores = (centres**2).sum(1)[None, :] - 2.0 * x @ centres.T  # (N, k)
+    return scores.argmin(1)
+
+
+def _balance(assign: np.ndarray, k: int, limit: float, rng: np.random.Generator) -> np.ndarray:
+    """While a cluster holds more than `limit` of the members, give half of its
+    assignments (chosen at random) to the smallest cluster (Jegou et al. 2010)."""
+    n = assign.shape[0]
+    cap = limit * n
+    for _ in range(4 * k):
+        counts = np.bincount(assign, minlength=k)
+        big = int(counts.argmax())
+        if counts[big] <= cap or counts[big] < 2:
+            break
+        small = int(counts.argmin())
+        members = np.flatnonzero(assign == big)
+        moved = rng.choice(members, size=len(members) // 2, replace=False)
+        assign[moved] = small
+    return assign
+
+
+def balanced_kmeans(
+    x: np.ndarray, k: int, rng: np.random.Generator, iters: int = 20, balance: float = 1.5
+) -> tuple[np.ndarray, np.ndarray]:
+    """k-means++ init, EM with balancing at every assignment step. Returns (centres (k,d), assign (N,))."""
+    n = x.shape[0]
+    if n == 0:
+        raise ValueError("balanced_kmeans needs at least one point")
+    centres = _kmeans_pp(x, k, rng)
+    assign = _assign(x, centres)
+    for _ in range(iters):
+        assign = _balance(assign, k, balance / k, rng) if n >= k else assign
+        new = centres.copy()
+        for c in range(k):
+            members = x[assign == c]
+            if len(members):
+                new[c] = members.mean(0)
+        converged = np.allclose(new, centres)
+        centres = new
+        if converged:
+            break
+        assign = _assign(x, centres)
+    # the final assignment is what routing will reproduce: nearest centre
+    return centres.astype(np.float32), _assign(x, centres)
+
+
+def build_tree(
+    x: np.ndarray,
+    k: int,
+    p: int,
+    seed: int = 0,
+    iters: int = 20,
+    balance: float = 1.5,
+    progress: Progress | None = None,
+) -> Tree:
+    """Cluster L2-normalised embeddings `x` (N, dim) root to leaves.
+
+    Each node's members are the points *routed* to it (greedy), so training data and
+    inference traffic see the same tree. A node with no members gets children equal to
+    its own centroid (never preferred by routing, whose ties go to the lowest index).
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n, dim = x.shape
+    centroids: list[np.ndarray] = []
+    members = [np.arange(n)]  # indices of points at each node of the current level
+    parent_centres = np.zeros((1, dim), dtype=np.float32)
+    total_nodes = sum(k**lvl for lvl in range(p))
+    done = 0
+    for level in range(1, p + 1):
+        level_c = np.empty((k ** level, dim), dtype=np.float32)
+        next_members: list[np.ndarray] = []
+        for node, idx in enumerate(members):
+            rng = np.random.default_rng([seed, level, node])
+            if len(idx) == 0:
+                level_c[node * k : (node + 1) * k] = parent_centres[node]
+                next_members.extend(np.empty(0, dtype=np.int64) for _ in range(k))
+            else:
+                centres, assign = balanced_kmeans(x[idx], k, rng, iters, balance)
+                level_c[node * k : (node + 1) * k] = centres
+                next_members.extend(idx[assign == c] for c in range(k))
+            done += 1
+            if progress:
+                progress("cluster", done, total_nodes)
+        centroids.append(level_c)
+        members = next_members
+        parent_centres = level_c
+    tree = Tree(k=k, p=p, centroids=centroids, sizes=[])
+    routes = route(tree, x)
+    tree.sizes = [np.bincount(routes[:, lvl], minlength=k ** (lvl + 1)) for lvl in range(p)]
+    return tree
+
+
+def route(tree: Tree, x: np.ndarray, chunk: int = 65536) -> np.ndarray:
+    """Greedy descent: at each level compare with the k children of the current node.
+
+    x: (B, dim) -> (B, p) int64 node indices per level. O(p*k) comparisons per row.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    out = np.empty((x.shape[0], tree.p), dtype=np.int64)
+    k = tree.k
+    for s in range(0, x.shape[0], chunk):
+        xb = x[s : s + chunk]  # (b, dim)
+        node = np.zeros(xb.shape[0], dtype=np.int64)
+        for lvl in range(tree.p):
+            child = node[:, None] * k + np.arange(k)[None, :]  # (b, k)
+            c = tree.centroids[lvl][child]  # (b, k, dim)
+            d2 = (c**2).sum(-1) - 2.0 * np.einsum("bkd,bd->bk", c, xb)
+            node = child[np.arange(len(xb)), d2.argmin(1)]
+            out[s : s + chunk, lvl] = node
+    return out
+
+
+def subtree_of(level_index: int, node: int, k: int) -> int:
+    """Level-1 ancestor of `node` at `level_index` (1-based)."""
+    return node // (k ** (level_index - 1))

@@ -1,0 +1,120 @@
+"""The CLI: the happy path on the tiny model, and bad inputs that must fail cleanly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import tree_digest
+from memctl.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str):  # noqa: ANN201
+    return runner.invoke(app, list(args))
+
+
+def make_bank(corpus: Path, anchor: Path, name: str = "b", *extra: str):  # noqa: ANN201
+    res = invoke("ingest", str(corpus), "--bank", name, "--anchor", str(anchor), "--embedder", "hash",
+                 "--tree", "2,2", *extra)
+    assert res.exit_code == 0, res.output
+    return res
+
+
+def test_ingest_train_info_ask(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    make_bank(corpus, tiny_anchor)
+    again = invoke("ingest", str(corpus), "--bank", "b", "--json")
+    assert again.exit_code == 0
+    assert json.loads(again.stdout)["docs_added"] == 0  # same content twice: a no-op
+    res = invoke("train", "--bank", "b", "--epochs", "2", "--batch-size", "4", "--json")
+    assert res.exit_code == 0, res.output
+    units = json.loads(res.stdout)["units"]
+    assert {u["unit"] for u in units} >= {"generic"} and all(u["tokens"] > 0 for u in units)
+    info = json.loads(invoke("info", "--bank", "b", "--json").stdout)
+    assert info["training"] == "trained"
+    assert info["documents"] == 12 and info["bytes_on_disk"] > 0
+    text = invoke("info", "--bank", "b")
+    assert "fetched" in text.stdout and "tree" in text.stdout
+    ans = json.loads(invoke("ask", "--bank", "b", "Iron is a metal", "--max-new-tokens", "3", "--json").stdout)
+    assert len(ans["path"]) == 2 and ans["blocks"] == [f"1:{ans['path'][0]}", f"2:{ans['path'][1]}"]
+    assert ans["store"]["misses"] == 2  # only the two blocks on the path were read
+    generic = json.loads(invoke("ask", "--bank", "b", "x", "--generic", "--json").stdout)
+    assert generic["blocks"] == ["generic"] and generic["path"] is None
+    assert invoke("train", "--bank", "b").stdout.startswith("nothing to train")
+
+
+def test_new_documents_in_a_trained_bank_are_routed_and_mark_blocks_stale(
+    home: Path, corpus: Path, tiny_anchor: Path, tmp_path: Path
+) -> None:
+    make_bank(corpus, tiny_anchor)
+    assert invoke("train", "--bank", "b", "--epochs", "1").exit_code == 0
+    nodes_before = tree_digest(home / "banks" / "b" / "blocks")
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "cobalt.txt").write_text("Cobalt is a metal used in magnets and batteries.")
+    res = json.loads(invoke("ingest", str(extra), "--bank", "b", "--json").stdout)
+    assert res["docs_added"] == 1 and not res["reclustered"] and 1 <= len(res["stale_blocks"]) <= 2
+    info = json.loads(invoke("info", "--bank", "b", "--json").stdout)
+    assert "stale" in info["training"]
+    assert tree_digest(home / "banks" / "b" / "blocks") == nodes_before
+    retrain = json.loads(invoke("train", "--bank", "b", "--epochs", "1", "--json").stdout)
+    assert len(retrain["units"]) == 1  # only the subtree holding the new document
+    assert json.loads(invoke("info", "--bank", "b", "--json").stdout)["training"] == "trained"
+
+
+def one_error_line(res) -> str:  # noqa: ANN001
+    assert res.exit_code != 0
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert "Traceback" not in res.output
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "setup,args,message",
+    [
+        (None, ["ingest", "{tmp}/missing", "--bank", "b"], "no such file"),
+        ("empty", ["ingest", "{tmp}/empty.txt", "--bank", "b"], "empty"),
+        ("binary", ["ingest", "{tmp}/bin.txt", "--bank", "b"], "binary"),
+        ("latin", ["ingest", "{tmp}/latin.txt", "--bank", "b"], "not UTF-8"),
+        (None, ["info", "--bank", "nobank"], "no bank named"),
+        (None, ["train", "--bank", "nobank"], "no bank named"),
+        (None, ["ask", "hello", "--bank", "nobank"], "no bank named"),
+        (None, ["ingest", "{corpus}", "--bank", "b", "--anchor", "{anchor}", "--embedder", "hash", "--tree", "2,2",
+                "--ranks", "4,4,4"], "--ranks has 3 values but the tree has 2 levels"),
+        (None, ["ingest", "{corpus}", "--bank", "b", "--anchor", "{tmp}/no-model", "--embedder", "hash"], "bad anchor"),
+        (None, ["ingest", "{corpus}", "--bank", "b", "--anchor", "{anchor}", "--embedder", "hash",
+                "--memory-layers", "last:99"], "last:N"),
+        (None, ["ingest", "{corpus}", "--bank", "b/../x"], "bad bank name"),
+    ],
+)
+def test_bad_input_fails_with_one_line_and_leaves_registry_unchanged(
+    home: Path, corpus: Path, tiny_anchor: Path, tmp_path: Path, setup: str | None, args: list[str], message: str
+) -> None:
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "bin.txt").write_bytes(b"\x7fELF\x00\x00\x01")
+    (tmp_path / "latin.txt").write_bytes("na\xefve caf\xe9".encode("latin-1"))
+    before = tree_digest(home)
+    res = invoke(*(a.format(tmp=tmp_path, corpus=corpus, anchor=tiny_anchor) for a in args))
+    assert message in one_error_line(res)
+    assert tree_digest(home) == before
+
+
+def test_bad_input_to_an_existing_bank_changes_nothing(
+    home: Path, corpus: Path, tiny_anchor: Path, tmp_path: Path
+) -> None:
+    make_bank(corpus, tiny_anchor)
+    before = tree_digest(home / "banks")
+    (tmp_path / "latin.txt").write_bytes("caf\xe9".encode("latin-1"))
+    good = tmp_path / "good.txt"
+    good.write_text("A perfectly fine new document about tin.")
+    # one good file and one bad file: the good one must not be half-added
+    one_error_line(invoke("ingest", str(good), str(tmp_path / "latin.txt"), "--bank", "b"))
+    one_error_line(invoke("ingest", str(good), "--bank", "b", "--tree", "3,3"))
+    one_error_line(invoke("train", "--bank", "b", "--epochs", "0"))
+    one_error_line(invoke("ask", "", "--bank", "b"))
+    assert tree_digest(home / "banks") == before

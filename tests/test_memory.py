@@ -1,0 +1,110 @@
+"""FFN-memory math, attachment, and the frozen anchor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from memctl.anchor import attach, decoder_layers
+from memctl.memory import Fetched, LevelFetch, block_generator, init_block, memory_delta
+
+
+def _model(path: Path) -> torch.nn.Module:
+    m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for p in m.parameters():
+        p.requires_grad_(False)
+    return m
+
+
+def _random_level(u: int, n_layers: int, r: int, d: int, index: list[int], seed: int) -> LevelFetch:
+    g = torch.Generator().manual_seed(seed)
+    return LevelFetch(*(torch.randn(u, n_layers, r, d, generator=g) * 0.1 for _ in range(3)),
+                      index=torch.tensor(index))
+
+
+def test_memory_equals_widened_mlp(tiny_anchor: Path) -> None:
+    """Fetched neurons == the anchor MLP with its inner dimension widened by them."""
+    model = _model(tiny_anchor)
+    mlp = decoder_layers(model)[1].mlp
+    d = model.config.hidden_size
+    x = torch.randn(3, 5, d)
+    levels = [_random_level(2, 3, 4, d, [0, 1, 1], 1), _random_level(3, 3, 2, d, [2, 0, 1], 2)]
+    fetched = Fetched(levels, batch=3)
+    got = mlp(x) + memory_delta(x, fetched, slot=1, act=mlp.act_fn)
+    for b in range(3):
+        gate = torch.cat([mlp.gate_proj.weight] + [lv.gate[lv.index[b], 1] for lv in levels])  # (inner+R, d)
+        up = torch.cat([mlp.up_proj.weight] + [lv.up[lv.index[b], 1] for lv in levels])
+        down = torch.cat([mlp.down_proj.weight.T] + [lv.down[lv.index[b], 1] for lv in levels])  # (inner+R, d)
+        ref = (mlp.act_fn(x[b] @ gate.T) * (x[b] @ up.T)) @ down
+        torch.testing.assert_close(got[b], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_shared_block_path_equals_per_sample_path(tiny_anchor: Path) -> None:
+    model = _model(tiny_anchor)
+    mlp = decoder_layers(model)[0].mlp
+    d = model.config.hidden_size
+    x = torch.randn(4, 6, d)
+    shared = _random_level(1, 3, 4, d, [0, 0, 0, 0], 3)
+    per_sample = LevelFetch(shared.gate.expand(4, -1, -1, -1), shared.up.expand(4, -1, -1, -1),
+                            shared.down.expand(4, -1, -1, -1), torch.arange(4))
+    a = memory_delta(x, Fetched([shared], 4), 0, mlp.act_fn)
+    b = memory_delta(x, Fetched([per_sample], 4), 0, mlp.act_fn)
+    torch.testing.assert_close(a, b)
+
+
+def test_untrained_blocks_leave_logits_bit_identical_and_detach_restores(tiny_anchor: Path) -> None:
+    model = _model(tiny_anchor)
+    ids = torch.randint(0, model.config.vocab_size, (2, 7))
+    before = model(ids).logits
+    state_before = {k: v.clone() for k, v in model.state_dict().items()}
+    n = model.config.num_hidden_layers
+    handle = attach(model, tuple(range(n)))
+    blocks = [init_block(n, 4, model.config.hidden_size, 0.2, block_generator(0, 1, i)) for i in range(2)]
+    lv = LevelFetch(torch.stack([b["gate"] for b in blocks]), torch.stack([b["up"] for b in blocks]),
+                    torch.stack([b["down"] for b in blocks]), torch.tensor([0, 1]))
+    with handle.using(Fetched([lv], 2)):
+        during = model(ids).logits
+    assert torch.equal(before, during)
+    handle.detach()
+    assert torch.equal(before, model(ids).logits)
+    after = model.state_dict()
+    assert all(torch.equal(state_before[k], after[k]) for k in state_before)
+    assert all(type(layer.mlp).__name__ != "MemoryMLP" for layer in decoder_layers(model))
+
+
+def test_each_sample_gets_its_own_blocks(tiny_anchor: Path) -> None:
+    """A batch that mixes paths gives each row what it would get alone."""
+    model = _model(tiny_anchor)
+    n = model.config.num_hidden_layers
+    handle = attach(model, tuple(range(n)))
+    ids = torch.randint(0, model.config.vocab_size, (2, 5))
+    lv = _random_level(2, n, 4, model.config.hidden_size, [1, 0], 7)
+    with handle.using(Fetched([lv], 2)):
+        both = model(ids).logits
+    for row, block in ((0, 1), (1, 0)):
+        alone = LevelFetch(lv.gate[block : block + 1], lv.up[block : block + 1], lv.down[block : block + 1],
+                           torch.tensor([0]))
+        with handle.using(Fetched([alone], 1)):
+            single = model(ids[row : row + 1]).logits
+        torch.testing.assert_close(both[row : row + 1], single, rtol=1e-4, atol=1e-5)
+    handle.detach()
+
+
+def test_gradients_reach_only_fetched_blocks_and_never_the_anchor(tiny_anchor: Path) -> None:
+    model = _model(tiny_anchor)
+    n = model.config.num_hidden_layers
+    handle = attach(model, tuple(range(n)))
+    d = model.config.hidden_size
+    g = torch.Generator().manual_seed(0)
+    params = {p: (torch.randn(4, n, 3, d, generator=g) * 0.1).requires_grad_(True) for p in ("gate", "up", "down")}
+    ids = torch.randint(0, model.config.vocab_size, (2, 6))
+    with handle.using(Fetched([LevelFetch(params["gate"], params["up"], params["down"], torch.tensor([2, 0]))], 2)):
+        model(ids).logits.square().mean().backward()
+    for p in params.values():
+        assert p.grad is not None
+        touched = p.grad.abs().flatten(1).sum(1) > 0
+        assert touched.tolist() == [True, False, True, False]
+    assert all(p.grad is None for p in model.parameters())
+    handle.detach()

@@ -1,0 +1,104 @@
+"""Training: isolation of units, the sparse optimizer, resumption, the frozen-prefix cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from memctl.anchor import attach, load_anchor
+from memctl.bank import ingest
+from memctl.optim import BlockAdamW
+from memctl.prefix import prefix_states, suffix_logits
+from memctl.registry import Registry
+from memctl.train import collate, load_samples, train
+
+
+def _bank(corpus: Path, anchor: Path, home: Path, name: str = "b", layers: str = "all") -> Registry:
+    ingest(name, [corpus], anchor=str(anchor), embedder="hash", tree=(2, 2), memory_layers=layers, home=home)
+    return Registry.open(name, home)
+
+
+def _blocks(reg: Registry) -> dict[str, dict[str, torch.Tensor]]:
+    return {r["id"]: reg.read_block(r) for r in reg.blocks("file is not null")}
+
+
+def test_block_adamw_leaves_untouched_blocks_exactly_alone() -> None:
+    p = torch.randn(4, 3, 5, requires_grad=True)
+    before = p.detach().clone()
+    opt = BlockAdamW([p], lr=0.1, weight_decay=0.5)
+    for _ in range(3):
+        p.grad = torch.zeros_like(p)
+        p.grad[1] = 1.0
+        opt.step([torch.tensor([1])])
+        opt.zero_grad()
+    assert torch.equal(p[0], before[0]) and torch.equal(p[2:], before[2:])  # no decay drift
+    assert not torch.equal(p[1], before[1])
+    assert opt.steps[0].tolist() == [0, 3, 0, 0]
+
+
+def test_resumed_training_matches_an_uninterrupted_run(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    ref = _bank(corpus, tiny_anchor, home, "ref")
+    train("ref", {"epochs": 3, "batch_size": 2, "checkpoint_every": 1000}, home=home)
+    want = _blocks(ref)
+    cut = _bank(corpus, tiny_anchor, home, "cut")
+    first = train("cut", {"epochs": 3, "batch_size": 2, "checkpoint_every": 1000}, home=home, max_steps=2)
+    assert first.interrupted and not first.units
+    assert list((cut.path / "checkpoints").glob("unit-*.pt"))
+    second = train("cut", home=home)
+    assert all(u.resumed_from == 2 for u in second.units if u.unit != "generic") or second.units
+    got = _blocks(cut)
+    assert set(got) == set(want) and len(want) >= 3
+    for bid in want:
+        for part in ("gate", "up", "down"):
+            assert torch.equal(got[bid][part], want[bid][part]), (bid, part)
+
+
+def test_units_are_isolated_and_retrain_alone(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    reg = _bank(corpus, tiny_anchor, home)
+    train("b", {"epochs": 2, "batch_size": 2}, home=home)
+    full = _blocks(reg)
+    unit0 = [b for b in full if b != "generic" and int(b.split(":")[1]) // (2 ** (int(b[0]) - 1)) == 0]
+    others = {b: full[b] for b in full if b not in unit0}
+    res = train("b", {"epochs": 2, "batch_size": 2}, subtree=0, retrain=True, home=home)
+    assert [u.unit for u in res.units] == ["0"]
+    again = _blocks(reg)
+    for b in full:  # unit 0 retrained alone reproduces itself; nothing else moved
+        for part in ("gate", "up", "down"):
+            assert torch.equal(again[b][part], full[b][part]), b
+    assert others and all(torch.equal(again[b]["down"], others[b]["down"]) for b in others)
+    trained = [r for r in reg.blocks("file is not null")]
+    assert all(not torch.equal(full[r["id"]]["down"], torch.zeros_like(full[r["id"]]["down"])) for r in trained)
+    prov = list(reg.db.query("select block_id, sum(tokens) as t from block_docs group by block_id"))
+    assert {r["block_id"] for r in prov} == set(full) and all(r["t"] > 0 for r in prov)
+
+
+def test_prefix_cache_reproduces_the_full_forward(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    reg = _bank(corpus, tiny_anchor, home, layers="last:1")
+    anchor = load_anchor(str(tiny_anchor), home)
+    samples = load_samples(reg, anchor, "generic")[:3]
+    ids, mask, _ = collate(samples, anchor.tokenizer.pad_token_id)
+    start = reg.config.memory.layers[0]
+    assert start == anchor.n_layers - 1
+    handle = attach(anchor.model, reg.config.memory.layers)
+    with torch.no_grad():
+        full = anchor.model(input_ids=ids, attention_mask=mask).logits
+        part = suffix_logits(anchor.model, prefix_states(anchor.model, ids, mask, start), mask, start)
+    valid = mask.bool()
+    torch.testing.assert_close(full[valid], part[valid], rtol=1e-5, atol=1e-5)
+    handle.detach()
+
+
+def test_training_with_prefix_cache_equals_training_without(home: Path, corpus: Path, tiny_anchor: Path,
+                                                          monkeypatch) -> None:  # noqa: ANN001
+    a = _bank(corpus, tiny_anchor, home, "a", layers="last:2")
+    train("a", {"epochs": 1, "batch_size": 2}, home=home)
+    import memctl.train as tr
+
+    monkeypatch.setattr(tr, "build_prefix_cache", lambda *args, **kw: None)
+    b = _bank(corpus, tiny_anchor, home, "b", layers="last:2")
+    train("b", {"epochs": 1, "batch_size": 2}, home=home)
+    ba, bb = _blocks(a), _blocks(b)
+    assert set(ba) == set(bb)
+    for k in ba:
+        torch.testing.assert_close(ba[k]["down"], bb[k]["down"], rtol=1e-3, atol=1e-5)
