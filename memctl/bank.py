@@ -97,8 +97,14 @@ def ingest(
     reg = Registry.open(name, home) if exists else None
     if reg is not None:
         cfg = reg.config
-        fixed = {"--tree": tree, "--ranks": ranks, "--memory-layers": memory_layers, "--anchor": anchor,
-                 "--embedder": embedder, "--window": window}
+        fixed = {
+            "--tree": tree,
+            "--ranks": ranks,
+            "--memory-layers": memory_layers,
+            "--anchor": anchor,
+            "--embedder": embedder,
+            "--window": window,
+        }
         given = [k for k, v in fixed.items() if v is not None]
         if given:
             raise InputError(f"bank {name!r} exists; {', '.join(given)} only apply when a bank is created")
@@ -119,7 +125,10 @@ def ingest(
     for d in docs:
         if d.id in known:
             if known[d.id] != d.sha256:
-                raise InputError(f"document {d.id!r} is already in bank {name!r} with different text; forget it first or give it a new id")
+                raise InputError(
+                    f"document {d.id!r} is already in bank {name!r} with different text; "
+                    "forget it first or give it a new id"
+                )
             skipped += 1
         elif d.sha256 in known_shas:
             skipped += 1  # same content under another id
@@ -130,8 +139,9 @@ def ingest(
     cfg_tree = reg.config.tree if reg else None
     if not new_docs:
         assert reg is not None
-        return IngestResult(name, False, 0, skipped, 0, (cfg_tree.k, cfg_tree.p) if cfg_tree else (0, 0), False,
-                            seconds=secs)
+        return IngestResult(
+            name, False, 0, skipped, 0, (cfg_tree.k, cfg_tree.p) if cfg_tree else (0, 0), False, seconds=secs
+        )
 
     t = time.perf_counter()
     count = _token_counter(the_anchor)
@@ -157,24 +167,57 @@ def ingest(
                 reclustered = False
             else:
                 all_vecs = vecs if old_vecs.size == 0 else np.concatenate([old_vecs, vecs])
-                tr = build_tree(all_vecs, config.tree.k, config.tree.p, seed=config.tree.seed,
-                                iters=config.tree.iters, balance=config.tree.balance, progress=progress)
+                tr = build_tree(
+                    all_vecs,
+                    config.tree.k,
+                    config.tree.p,
+                    seed=config.tree.seed,
+                    iters=config.tree.iters,
+                    balance=config.tree.balance,
+                    progress=progress,
+                )
                 routes = route(tr, all_vecs)
-                new_routes = routes[len(old_vecs):]
-                for (wid,), path in zip(r.db.execute("select id from windows order by id").fetchall(),
-                                        routes[: len(old_vecs)], strict=True):
+                new_routes = routes[len(old_vecs) :]
+                for (wid,), path in zip(
+                    r.db.execute("select id from windows order by id").fetchall(), routes[: len(old_vecs)], strict=True
+                ):
                     r.db["windows"].update(wid, {"path": ",".join(map(str, path)), "l1": int(path[0])})
                 r.save_tree(tr)
                 reclustered = True
             stamp = now()
             r.db["documents"].insert_all(
-                [{"id": d.id, "source": d.source, "title": d.title, "sha256": d.sha256, "n_chars": len(d.text),
-                  "tags": "", "added": stamp} for d in new_docs], batch_size=500)
+                [
+                    {
+                        "id": d.id,
+                        "source": d.source,
+                        "title": d.title,
+                        "sha256": d.sha256,
+                        "n_chars": len(d.text),
+                        "tags": "",
+                        "added": stamp,
+                    }
+                    for d in new_docs
+                ],
+                batch_size=500,
+            )
             r.db["windows"].insert_all(
-                [{"doc_id": w.doc_id, "idx": w.idx, "char_start": w.char_start, "char_end": w.char_end,
-                  "sha256": w.sha256, "text": w.text, "n_tokens": w.n_tokens, "path": ",".join(map(str, path)),
-                  "l1": int(path[0]), "embedding": v.astype(np.float32).tobytes()}
-                 for w, path, v in zip(windows, new_routes, vecs, strict=True)], batch_size=500)
+                [
+                    {
+                        "doc_id": w.doc_id,
+                        "idx": w.idx,
+                        "char_start": w.char_start,
+                        "char_end": w.char_end,
+                        "sha256": w.sha256,
+                        "text": w.text,
+                        "n_tokens": w.n_tokens,
+                        "path": ",".join(map(str, path)),
+                        "l1": int(path[0]),
+                        "embedding": v.astype(np.float32).tobytes(),
+                    }
+                    for w, path, v in zip(windows, new_routes, vecs, strict=True)
+                ],
+                batch_size=500,
+            )
             if created:
                 _create_blocks(r, config)
             if trained:
@@ -186,21 +229,35 @@ def ingest(
                         stale.append(row["id"])
                 for lvl in range(1, config.tree.p + 1):  # node sizes follow the new windows
                     for n, c in zip(*np.unique(new_routes[:, lvl - 1], return_counts=True), strict=True):
-                        r.db.execute("update nodes set n_windows = n_windows + ? where level = ? and idx = ?",
-                                     [int(c), lvl, int(n)])
+                        r.db.execute(
+                            "update nodes set n_windows = n_windows + ? where level = ? and idx = ?",
+                            [int(c), lvl, int(n)],
+                        )
         secs["cluster+write"] = time.perf_counter() - t
-        return IngestResult(name, created, len(new_docs), skipped, len(windows), (config.tree.k, config.tree.p),
-                            reclustered, stale, secs)
+        return IngestResult(
+            name,
+            created,
+            len(new_docs),
+            skipped,
+            len(windows),
+            (config.tree.k, config.tree.p),
+            reclustered,
+            stale,
+            secs,
+        )
 
     if reg is not None:
         return write(reg, reg.config, created=False)
-    config = _new_config(the_anchor, anchor_spec, embedder_name, win, len(windows), tree, ranks,
-                         memory_layers or "all", seed)
-    with Registry.create(name, config, home) as new:
-        new.set_meta("anchor_digest", the_anchor.digest)
-        new.set_meta("anchor_path", str(the_anchor.path))
-        new.set_meta("anchor_params", str(the_anchor.n_params))
-        new.set_meta("anchor_layers", str(the_anchor.n_layers))
+    config = _new_config(
+        the_anchor, anchor_spec, embedder_name, win, len(windows), tree, ranks, memory_layers or "all", seed
+    )
+    anchor_row = {
+        "path": str(the_anchor.path),
+        "sha256": the_anchor.digest,
+        "params": the_anchor.n_params,
+        "layers": the_anchor.n_layers,
+    }
+    with Registry.create(name, config, anchor_row, home) as new:
         result = write(new, config, created=True)
     return result
 
@@ -210,12 +267,36 @@ def _create_blocks(r: Registry, config: BankConfig) -> None:
     rows = []
     for lvl in range(1, config.tree.p + 1):
         for i in range(k**lvl):
-            rows.append({"id": block_id(lvl, i), "level": lvl, "idx": i, "rank": mem.ranks[lvl - 1], "file": None,
-                         "sha256": None, "dtype": "float32", "n_params": mem.block_params(lvl), "trained_tokens": 0,
-                         "state": "init", "updated": now()})
-    rows.append({"id": "generic", "level": 0, "idx": 0, "rank": mem.fetched_rank, "file": None, "sha256": None,
-                 "dtype": "float32", "n_params": mem.fetched_params, "trained_tokens": 0, "state": "init",
-                 "updated": now()})
+            rows.append(
+                {
+                    "id": block_id(lvl, i),
+                    "level": lvl,
+                    "idx": i,
+                    "rank": mem.ranks[lvl - 1],
+                    "file": None,
+                    "sha256": None,
+                    "dtype": "float32",
+                    "n_params": mem.block_params(lvl),
+                    "trained_tokens": 0,
+                    "state": "init",
+                    "updated": now(),
+                }
+            )
+    rows.append(
+        {
+            "id": "generic",
+            "level": 0,
+            "idx": 0,
+            "rank": mem.fetched_rank,
+            "file": None,
+            "sha256": None,
+            "dtype": "float32",
+            "n_params": mem.fetched_params,
+            "trained_tokens": 0,
+            "state": "init",
+            "updated": now(),
+        }
+    )
     r.db["blocks"].insert_all(rows, batch_size=1000)
 
 
@@ -223,30 +304,48 @@ def info(name: str, home: Path | None = None) -> dict[str, Any]:
     """Everything `memctl info` shows, as plain data."""
     reg = Registry.open(name, home)
     cfg = reg.config
-    anchor_params = int(reg.get_meta("anchor_params") or 0)
+    row = reg.bank
+    anchor_params = row["anchor_params"]
     levels = []
     for lvl in range(1, cfg.tree.p + 1):
         sizes = [r["n_windows"] for r in reg.db.query("select n_windows from nodes where level = ?", [lvl])]
-        states = {r["state"]: r["n"] for r in reg.db.query(
-            "select state, count(*) as n from blocks where level = ? group by state", [lvl])}
-        levels.append({"level": lvl, "rank": cfg.memory.ranks[lvl - 1], "blocks": cfg.tree.k**lvl,
-                       "block_params": cfg.memory.block_params(lvl),
-                       "nonempty_nodes": sum(1 for s in sizes if s > 0),
-                       "windows_per_nonempty_node": (sum(sizes) / max(1, sum(1 for s in sizes if s > 0))),
-                       "states": states})
+        states = {
+            r["state"]: r["n"]
+            for r in reg.db.query("select state, count(*) as n from blocks where level = ? group by state", [lvl])
+        }
+        levels.append(
+            {
+                "level": lvl,
+                "rank": cfg.memory.ranks[lvl - 1],
+                "blocks": cfg.tree.k**lvl,
+                "block_params": cfg.memory.block_params(lvl),
+                "nonempty_nodes": sum(1 for s in sizes if s > 0),
+                "windows_per_nonempty_node": (sum(sizes) / max(1, sum(1 for s in sizes if s > 0))),
+                "states": states,
+            }
+        )
     generic = reg.block(0, 0)
     runs = [dict(r) for r in reg.db.query("select * from runs order by id")]
     fetched = cfg.memory.fetched_params
     return {
         "bank": name,
         "path": str(reg.path),
-        "anchor": {"spec": cfg.anchor, "path": reg.get_meta("anchor_path"), "sha256": reg.get_meta("anchor_digest"),
-                   "params": anchor_params, "layers": int(reg.get_meta("anchor_layers") or 0)},
+        "anchor": {
+            "spec": cfg.anchor,
+            "path": row["anchor"],
+            "sha256": row["anchor_sha256"],
+            "params": anchor_params,
+            "layers": row["anchor_layers"],
+        },
         "embedder": cfg.embedder,
         "window": cfg.window,
         "tree": {"k": cfg.tree.k, "p": cfg.tree.p, "seed": cfg.tree.seed},
-        "memory": {"ranks": list(cfg.memory.ranks), "layers": len(cfg.memory.layers),
-                   "first_layer": cfg.memory.layers[0], "hidden": cfg.memory.hidden},
+        "memory": {
+            "ranks": list(cfg.memory.ranks),
+            "layers": len(cfg.memory.layers),
+            "first_layer": cfg.memory.layers[0],
+            "hidden": cfg.memory.hidden,
+        },
         "documents": reg.count("documents"),
         "windows": reg.count("windows"),
         "tokens": reg.db.execute("select coalesce(sum(n_tokens), 0) from windows").fetchone()[0],
@@ -263,8 +362,10 @@ def info(name: str, home: Path | None = None) -> dict[str, Any]:
 
 
 def training_state(reg: Registry) -> str:
-    states = {r["state"]: r["n"] for r in reg.db.query(
-        "select state, count(*) as n from blocks where state != 'init' group by state")}
+    states = {
+        r["state"]: r["n"]
+        for r in reg.db.query("select state, count(*) as n from blocks where state != 'init' group by state")
+    }
     ckpts = list(reg.checkpoint_dir().glob("*.pt"))
     if ckpts:
         return f"interrupted ({len(ckpts)} unit checkpoint(s)); run `memctl train` to resume"

@@ -22,8 +22,12 @@ from rich.table import Table
 
 from .errors import MemctlError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Hierarchical parametric memories for a frozen small language model.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Hierarchical parametric memories for a frozen small language model.",
+)
 out = Console()
 err = Console(stderr=True)
 T = TypeVar("T")
@@ -46,8 +50,11 @@ def run(fn: Callable[[], T]) -> T:
         if os.environ.get("MEMCTL_DEBUG"):
             raise
         first = (str(e).strip().splitlines() or [""])[0]
-        err.print(f"[red]internal error:[/red] {type(e).__name__}: {first} (MEMCTL_DEBUG=1 shows the traceback)",
-                  highlight=False, soft_wrap=True)
+        err.print(
+            f"[red]internal error:[/red] {type(e).__name__}: {first} (MEMCTL_DEBUG=1 shows the traceback)",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise typer.Exit(3) from None
 
 
@@ -57,8 +64,14 @@ def stage_progress(enabled: bool = True) -> Iterator[Callable[[str, int, int], N
     if not enabled or not err.is_terminal:
         yield lambda *_: None
         return
-    with Progress(TextColumn("{task.description:>10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=True) as bar:
+    with Progress(
+        TextColumn("{task.description:>10}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
         tasks: dict[str, Any] = {}
 
         def update(stage: str, done: int, total: int) -> None:
@@ -91,11 +104,19 @@ def ingest(
     text_field: Annotated[str, typer.Option(help="Text column of table files.")] = "text",
     id_field: Annotated[str | None, typer.Option(help="Id column of table files (default: file:row).")] = None,
     window: Annotated[int | None, typer.Option(help="Max anchor tokens per window (new bank; default 512).")] = None,
-    tree: Annotated[str | None, typer.Option(help="K,P: children per node, levels (new bank; default from corpus size).")] = None,
-    ranks: Annotated[str | None, typer.Option(help="r1,...,rp memory neurons per level (new bank; default ~10% fetched).")] = None,
+    tree: Annotated[
+        str | None, typer.Option(help="K,P: children per node, levels (new bank; default from corpus size).")
+    ] = None,
+    ranks: Annotated[
+        str | None, typer.Option(help="r1,...,rp memory neurons per level (new bank; default ~10% fetched).")
+    ] = None,
     memory_layers: Annotated[str | None, typer.Option(help="'all' or 'last:N' (new bank).")] = None,
-    anchor: Annotated[str | None, typer.Option(help="GGUF file or HF model directory (new bank; default SmolLM2-135M-Instruct).")] = None,
-    embedder: Annotated[str | None, typer.Option(help="'minilm' (default) or 'hash' (deterministic test embedder).")] = None,
+    anchor: Annotated[
+        str | None, typer.Option(help="GGUF file or HF model directory (new bank; default SmolLM2-135M-Instruct).")
+    ] = None,
+    embedder: Annotated[
+        str | None, typer.Option(help="'minilm' (default) or 'hash' (deterministic test embedder).")
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the tree and the blocks' initial state.")] = 0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -107,18 +128,31 @@ def ingest(
         t = parse_tree(tree) if tree else None
         r = parse_int_list(ranks, "--ranks") if ranks else None
         with stage_progress(not as_json) as progress:
-            return do_ingest(bank, paths, text_field=text_field, id_field=id_field, window=window, tree=t, ranks=r,
-                             memory_layers=memory_layers, anchor=anchor, embedder=embedder, seed=seed,
-                             progress=progress)
+            return do_ingest(
+                bank,
+                paths,
+                text_field=text_field,
+                id_field=id_field,
+                window=window,
+                tree=t,
+                ranks=r,
+                memory_layers=memory_layers,
+                anchor=anchor,
+                embedder=embedder,
+                seed=seed,
+                progress=progress,
+            )
 
     res = run(go)
     if as_json:
         out.print_json(json.dumps(res.__dict__))
         return
     verb = "created" if res.created else "updated"
-    out.print(f"bank [bold]{res.bank}[/bold] {verb}: {res.docs_added} document(s) added, {res.docs_skipped} already "
-              f"present, {res.windows_added} window(s); tree {res.tree[0]}x{res.tree[1]}"
-              + (" (re-clustered)" if res.reclustered else " (routed into the existing tree)"))
+    out.print(
+        f"bank [bold]{res.bank}[/bold] {verb}: {res.docs_added} document(s) added, {res.docs_skipped} already "
+        f"present, {res.windows_added} window(s); tree {res.tree[0]}x{res.tree[1]}"
+        + (" (re-clustered)" if res.reclustered else " (routed into the existing tree)")
+    )
     if res.stale_blocks:
         out.print(f"{len(res.stale_blocks)} trained block(s) are now stale; `memctl train --bank {bank}` retrains them")
 
@@ -127,8 +161,8 @@ def ingest(
 def train(
     bank: BankOpt,
     epochs: Annotated[int | None, typer.Option(help="Passes over each unit's windows (default 6).")] = None,
-    lr: Annotated[float | None, typer.Option(help="Peak learning rate (default 2e-3).")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Windows per step (default 8).")] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate (default 1e-2).")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Windows per step (default 4).")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of the data order.")] = None,
     subtree: Annotated[int | None, typer.Option(help="Train only this level-1 subtree (an isolated unit).")] = None,
     retrain: Annotated[bool, typer.Option(help="Retrain units that are already trained.")] = False,
@@ -149,27 +183,47 @@ def train(
                 if not as_json and (ev.step == ev.total_steps or time.monotonic() - last[0] > 10):
                     last[0] = time.monotonic()
                     label = "prefix cache" if ev.unit_no < 0 else f"unit {ev.unit} ({ev.unit_no + 1}/{ev.n_units})"
-                    err.print(f"{label} step {ev.step}/{ev.total_steps} "
-                              f"loss {ev.loss:.3f} {ev.tokens_per_s:.0f} tok/s", highlight=False)
+                    err.print(
+                        f"{label} step {ev.step}/{ev.total_steps} loss {ev.loss:.3f} {ev.tokens_per_s:.0f} tok/s",
+                        highlight=False,
+                    )
 
             return do_train(bank, overrides, subtree=subtree, retrain=retrain, restart=restart, progress=log)
-        with Progress(TextColumn("unit {task.fields[unit]:>7}"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("loss {task.fields[loss]:.3f}  {task.fields[tps]:.0f} tok/s"), TimeElapsedColumn(),
-                      console=err) as bar:
+        with Progress(
+            TextColumn("unit {task.fields[unit]:>7}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]:.3f}  {task.fields[tps]:.0f} tok/s"),
+            TimeElapsedColumn(),
+            console=err,
+        ) as bar:
             tasks: dict[str, Any] = {}
 
             def update(ev: TrainEvent) -> None:
                 if ev.unit not in tasks:
-                    tasks[ev.unit] = bar.add_task("", total=ev.total_steps, unit="cache" if ev.unit_no < 0 else f"{ev.unit_no + 1}/{ev.n_units}",
-                                                  loss=ev.loss, tps=0.0)
+                    tasks[ev.unit] = bar.add_task(
+                        "",
+                        total=ev.total_steps,
+                        unit="cache" if ev.unit_no < 0 else f"{ev.unit_no + 1}/{ev.n_units}",
+                        loss=ev.loss,
+                        tps=0.0,
+                    )
                 bar.update(tasks[ev.unit], completed=ev.step, loss=ev.loss, tps=ev.tokens_per_s)
 
             return do_train(bank, overrides, subtree=subtree, retrain=retrain, restart=restart, progress=update)
 
     res = run(go)
     if as_json:
-        out.print_json(json.dumps({"bank": res.bank, "units": [u.__dict__ for u in res.units], "skipped": res.skipped,
-                                   "tokens": res.tokens}))
+        out.print_json(
+            json.dumps(
+                {
+                    "bank": res.bank,
+                    "units": [u.__dict__ for u in res.units],
+                    "skipped": res.skipped,
+                    "tokens": res.tokens,
+                }
+            )
+        )
         return
     if not res.units:
         out.print(f"nothing to train: every unit of bank {bank!r} is trained (use --retrain to train again)")
@@ -179,8 +233,14 @@ def train(
         table.add_column(col, justify="right")
     for u in res.units:
         resumed = f" (resumed at {u.resumed_from})" if u.resumed_from else ""
-        table.add_row(u.unit, f"{u.steps}{resumed}", f"{u.tokens:,}", f"{u.loss_first:.3f} → {u.loss_last:.3f}",
-                      f"{u.tokens / max(u.seconds, 1e-9):.0f}", f"{u.seconds:.0f}s")
+        table.add_row(
+            u.unit,
+            f"{u.steps}{resumed}",
+            f"{u.tokens:,}",
+            f"{u.loss_first:.3f} → {u.loss_last:.3f}",
+            f"{u.tokens / max(u.seconds, 1e-9):.0f}",
+            f"{u.seconds:.0f}s",
+        )
     out.print(table)
 
 
@@ -195,26 +255,49 @@ def info(bank: BankOpt, as_json: JsonOpt = False) -> None:
         return
     a = d["anchor"]
     out.print(f"[bold]{d['bank']}[/bold]  {d['path']}")
-    out.print(f"anchor    {a['path']}  ({human_params(a['params'])} params, {a['layers']} layers, sha256 {a['sha256'][:12]})")
-    out.print(f"corpus    {d['documents']} documents, {d['windows']} windows, {d['tokens']:,} tokens "
-              f"(window ≤ {d['window']} tokens, embedder {d['embedder']})")
+    out.print(
+        f"anchor    {a['path']}  ({human_params(a['params'])} params, {a['layers']} layers, sha256 {a['sha256'][:12]})"
+    )
+    out.print(
+        f"corpus    {d['documents']} documents, {d['windows']} windows, {d['tokens']:,} tokens "
+        f"(window ≤ {d['window']} tokens, embedder {d['embedder']})"
+    )
     m = d["memory"]
     out.print(f"tree      k={d['tree']['k']}, p={d['tree']['p']}  ({d['tree']['k'] ** d['tree']['p']} leaves)")
     ratio = f" = {100 * d['fetched_ratio']:.1f}% of the anchor" if d["fetched_ratio"] else ""
-    out.print(f"memory    ranks {tuple(m['ranks'])} on {m['layers']} layers (from layer {m['first_layer']}); "
-              f"fetched {human_params(d['fetched_params'])}{ratio}")
-    out.print(f"bank      {human_params(d['bank_params'])} params ({human_bytes(d['bank_bytes_full'])} fp32 when all "
-              f"blocks are trained); {human_bytes(d['bytes_on_disk'])} on disk now")
+    out.print(
+        f"memory    ranks {tuple(m['ranks'])} on {m['layers']} layers (from layer {m['first_layer']}); "
+        f"fetched {human_params(d['fetched_params'])}{ratio}"
+    )
+    out.print(
+        f"bank      {human_params(d['bank_params'])} params ({human_bytes(d['bank_bytes_full'])} fp32 when all "
+        f"blocks are trained); {human_bytes(d['bytes_on_disk'])} on disk now"
+    )
     table = Table()
     for col in ("level", "rank", "blocks", "params/block", "nodes with data", "windows/node", "trained", "stale"):
         table.add_column(col, justify="right")
     for lv in d["levels"]:
         st = lv["states"]
-        table.add_row(str(lv["level"]), str(lv["rank"]), str(lv["blocks"]), human_params(lv["block_params"]),
-                      str(lv["nonempty_nodes"]), f"{lv['windows_per_nonempty_node']:.1f}", str(st.get("trained", 0)),
-                      str(st.get("stale", 0)))
-    table.add_row("generic", str(sum(m["ranks"])), "1", human_params(d["generic"]["params"]), "-", "-",
-                  "1" if d["generic"]["state"] == "trained" else "0", "1" if d["generic"]["state"] == "stale" else "0")
+        table.add_row(
+            str(lv["level"]),
+            str(lv["rank"]),
+            str(lv["blocks"]),
+            human_params(lv["block_params"]),
+            str(lv["nonempty_nodes"]),
+            f"{lv['windows_per_nonempty_node']:.1f}",
+            str(st.get("trained", 0)),
+            str(st.get("stale", 0)),
+        )
+    table.add_row(
+        "generic",
+        str(sum(m["ranks"])),
+        "1",
+        human_params(d["generic"]["params"]),
+        "-",
+        "-",
+        "1" if d["generic"]["state"] == "trained" else "0",
+        "1" if d["generic"]["state"] == "stale" else "0",
+    )
     out.print(table)
     out.print(f"training  {d['training']}")
 
@@ -250,8 +333,11 @@ def ask(
     if where is None:
         where = f"path {'/'.join(map(str, d['path']))}, blocks {', '.join(d['blocks']) or 'none trained'}"
     t = d["timings"]
-    err.print(f"[dim]{where}; route {1e3 * t['route_s']:.0f} ms, fetch {1e3 * t['fetch_s']:.0f} ms, "
-              f"generate {1e3 * t['generate_s']:.0f} ms[/dim]", highlight=False)
+    err.print(
+        f"[dim]{where}; route {1e3 * t['route_s']:.0f} ms, fetch {1e3 * t['fetch_s']:.0f} ms, "
+        f"generate {1e3 * t['generate_s']:.0f} ms[/dim]",
+        highlight=False,
+    )
 
 
 @app.command("eval")
@@ -289,7 +375,9 @@ def eval_cmd(
     for r in results:
         lo, hi = wilson(r.correct, r.n)
         cells = [f"{100 * c / n:.1f}%" if n else "-" for c, n in (r.per_kind.get(k, (0, 0)) for k in kinds)]
-        table.add_row(r.setup, f"{100 * r.accuracy:.1f}%", f"{100 * lo:.1f}–{100 * hi:.1f}%", *cells, f"{r.seconds:.0f}s")
+        table.add_row(
+            r.setup, f"{100 * r.accuracy:.1f}%", f"{100 * lo:.1f}–{100 * hi:.1f}%", *cells, f"{r.seconds:.0f}s"
+        )
     out.print(table)
 
 

@@ -68,8 +68,8 @@ class MemoryConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     epochs: int = 6
-    lr: float = 2e-3
-    batch_size: int = 8
+    lr: float = 1e-2
+    batch_size: int = 4
     warmup: float = 0.05  # fraction of steps
     min_lr_ratio: float = 0.1  # cosine cool-down to lr * this
     weight_decay: float = 1e-3

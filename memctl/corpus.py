@@ -98,7 +98,9 @@ def _read_table(path: Path, text_field: str, id_field: str | None) -> Iterator[D
     ds = _load_table(path)
     cols = list(ds.column_names)
     if text_field not in cols:
-        raise InputError(f"{path} has no column {text_field!r}; pick one with --text-field (columns: {', '.join(cols)})")
+        raise InputError(
+            f"{path} has no column {text_field!r}; pick one with --text-field (columns: {', '.join(cols)})"
+        )
     if id_field and id_field not in cols:
         raise InputError(f"{path} has no column {id_field!r}; pick one with --id-field (columns: {', '.join(cols)})")
     if len(ds) == 0:
@@ -122,7 +124,9 @@ def read_documents(
         if not path.exists():
             raise InputError(f"{raw}: no such file or directory")
         if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES | TABLE_SUFFIXES)
+            files = sorted(
+                p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES | TABLE_SUFFIXES
+            )
             if not files:
                 raise InputError(f"{raw}: no .txt/.md/.jsonl/.json/.csv/.parquet files in this directory")
             for f in files:

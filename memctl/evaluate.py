@@ -94,10 +94,18 @@ class SetupResult:
 
     def to_dict(self) -> dict[str, Any]:
         lo, hi = wilson(self.correct, self.n)
-        return {"setup": self.setup, "accuracy": self.accuracy, "ci95": [lo, hi], "correct": self.correct,
-                "n": self.n, "seconds": self.seconds,
-                "per_kind": {k: {"accuracy": c / t if t else 0.0, "correct": c, "n": t, "ci95": list(wilson(c, t))}
-                             for k, (c, t) in sorted(self.per_kind.items())}}
+        return {
+            "setup": self.setup,
+            "accuracy": self.accuracy,
+            "ci95": [lo, hi],
+            "correct": self.correct,
+            "n": self.n,
+            "seconds": self.seconds,
+            "per_kind": {
+                k: {"accuracy": c / t if t else 0.0, "correct": c, "n": t, "ci95": list(wilson(c, t))}
+                for k, (c, t) in sorted(self.per_kind.items())
+            },
+        }
 
 
 def sample_probes(probes: list[Probe], limit: int | None, seed: int) -> list[Probe]:
@@ -125,8 +133,12 @@ def evaluate(
         texts: list[str] = []
         for s in range(0, len(probes), batch_size):
             chunk = probes[s : s + batch_size]
-            answers = session.generate([p.prompt for p in chunk], mode=SETUPS[setup], max_new_tokens=PROBE_TOKENS,
-                                       paths=paths[s : s + batch_size])
+            answers = session.generate(
+                [p.prompt for p in chunk],
+                mode=SETUPS[setup],
+                max_new_tokens=PROBE_TOKENS,
+                paths=paths[s : s + batch_size],
+            )
             texts.extend(a.text for a in answers)
             if progress:
                 progress(setup, min(s + batch_size, len(probes)), len(probes))

@@ -1,9 +1,14 @@
-"""Frozen-prefix activation cache.
+"""Shortcuts a frozen anchor allows: a frozen-prefix activation cache, and the output head run
+only on real (non-padding) positions.
 
 When memories sit only in layers >= s, layers < s see nothing trainable: their output for a window
 never changes, so it is computed once and reused every epoch. Training then runs layers s.. and the
 head only. `suffix_forward` checks itself against the full model once and refuses to be used for an
 architecture where the two disagree (e.g. one that rescales inputs_embeds).
+
+The vocabulary head is the largest matmul of a small model (49k x 576 for SmolLM2): `masked_lm_loss`
+applies it to the positions that have a label only, instead of to every padded position. It too is
+checked against the model's own logits before use (a model may scale or soft-cap its logits).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .anchor import decoder_layers_any
@@ -74,5 +80,42 @@ def suffix_matches(model: Any, ids: torch.Tensor, mask: torch.Tensor, start: int
     """Does prefix cache + suffix forward reproduce the full model's logits on this batch?"""
     full = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
     part = suffix_logits(model, prefix_states(model, ids, mask, start), mask, start)
+    valid = mask.bool()
+    return bool(torch.allclose(full[valid], part[valid], atol=tol, rtol=tol))
+
+
+def _hidden(model: Any, ids: torch.Tensor, mask: torch.Tensor, states: torch.Tensor | None, start: int) -> torch.Tensor:
+    """Final-norm hidden states (B, T, d) of the base decoder, from ids or from cached states."""
+    base = model.base_model
+    if states is None:
+        return base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    with suffix_only(model, start):
+        return base(inputs_embeds=states, attention_mask=mask, use_cache=False).last_hidden_state
+
+
+def masked_lm_loss(
+    model: Any,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    labels: torch.Tensor,
+    states: torch.Tensor | None = None,
+    start: int = 0,
+) -> torch.Tensor:
+    """Mean next-token cross-entropy over labelled positions, the head applied to those rows only."""
+    h = _hidden(model, ids, mask, states, start)[:, :-1]  # (B, T-1, d)
+    target = labels[:, 1:]
+    keep = target != -100
+    logits = model.get_output_embeddings()(h[keep])  # (N, V)
+    return F.cross_entropy(logits.float(), target[keep])
+
+
+@torch.no_grad()
+def head_split_matches(model: Any, ids: torch.Tensor, mask: torch.Tensor, tol: float = 1e-4) -> bool:
+    """Is lm_head(base hidden) the model's logits? (False for models that scale or cap logits.)"""
+    if model.get_output_embeddings() is None:
+        return False
+    full = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    h = _hidden(model, ids, mask, None, 0)
+    part = model.get_output_embeddings()(h)
     valid = mask.bool()
     return bool(torch.allclose(full[valid], part[valid], atol=tol, rtol=tol))

@@ -42,7 +42,7 @@ class BankSession:
         if self.reg.count("windows") == 0:
             raise BankStateError(f"bank {name!r} has no documents")
         self.anchor = anchor or load_anchor(self.cfg.anchor, home or memctl_home())
-        if self.anchor.digest != self.reg.get_meta("anchor_digest"):
+        if self.anchor.digest != self.reg.bank["anchor_sha256"]:
             raise BankStateError(f"the anchor at {self.anchor.path} is not the one bank {name!r} was built on")
         self.embedder: Embedder = get_embedder(self.cfg.embedder)
         self.tree: Tree = self.reg.load_tree()
@@ -80,12 +80,20 @@ class BankSession:
             return list(prompts)
         if not getattr(tok, "chat_template", None):
             raise InputError("this anchor's tokenizer has no chat template; drop --chat")
-        return [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-                for p in prompts]
+        return [
+            tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in prompts
+        ]
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[str], mode: str = "fetched", max_new_tokens: int = 32,
-                 chat: bool = False, paths: np.ndarray | None = None) -> list[Answer]:
+    def generate(
+        self,
+        prompts: Sequence[str],
+        mode: str = "fetched",
+        max_new_tokens: int = 32,
+        chat: bool = False,
+        paths: np.ndarray | None = None,
+    ) -> list[Answer]:
         """Greedy answers for a batch; every row fetches the blocks of its own route."""
         if not prompts:
             return []
@@ -100,16 +108,24 @@ class BankSession:
         enc = tok(self.encode_prompts(prompts, chat), return_tensors="pt", padding=True, add_special_tokens=False)
         t2 = time.perf_counter()
         with self.handle.using(fetched):
-            out = self.anchor.model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                             pad_token_id=tok.pad_token_id, temperature=None, top_p=None, top_k=None)
+            out = self.anchor.model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+                temperature=None,
+                top_p=None,
+                top_k=None,
+            )
         t_gen = time.perf_counter() - t2
-        texts = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        texts = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         answers = []
         for i, (p, t) in enumerate(zip(prompts, texts, strict=True)):
             path = [int(v) for v in paths[i]] if paths is not None and mode == "fetched" else None
             blocks = self._blocks_used(mode, path)
-            answers.append(Answer(p, t, mode, path, blocks,
-                                  {"route_s": t_route, "fetch_s": t_fetch, "generate_s": t_gen}))
+            answers.append(
+                Answer(p, t, mode, path, blocks, {"route_s": t_route, "fetch_s": t_fetch, "generate_s": t_gen})
+            )
         return answers
 
     def _blocks_used(self, mode: str, path: list[int] | None) -> list[str]:
@@ -120,13 +136,26 @@ class BankSession:
         return []
 
 
-def ask(name: str, prompt: str, mode: str = "fetched", max_new_tokens: int = 32, chat: bool = False,
-        home: Path | None = None) -> dict[str, Any]:
+def ask(
+    name: str,
+    prompt: str,
+    mode: str = "fetched",
+    max_new_tokens: int = 32,
+    chat: bool = False,
+    home: Path | None = None,
+) -> dict[str, Any]:
     if not prompt.strip():
         raise InputError("the prompt is empty")
     with BankSession(name, home) as s:
         ans = s.generate([prompt], mode=mode, max_new_tokens=max_new_tokens, chat=chat)[0]
         stats = s.store.stats
-        return {"bank": name, "prompt": prompt, "answer": ans.text, "mode": mode, "path": ans.path,
-                "blocks": ans.blocks, "timings": ans.timings,
-                "store": {"hits": stats.hits, "misses": stats.misses, "bytes_read": stats.bytes_read}}
+        return {
+            "bank": name,
+            "prompt": prompt,
+            "answer": ans.text,
+            "mode": mode,
+            "path": ans.path,
+            "blocks": ans.blocks,
+            "timings": ans.timings,
+            "store": {"hits": stats.hits, "misses": stats.misses, "bytes_read": stats.bytes_read},
+        }

@@ -114,7 +114,7 @@ def build_tree(
     total_nodes = sum(k**lvl for lvl in range(p))
     done = 0
     for level in range(1, p + 1):
-        level_c = np.empty((k ** level, dim), dtype=np.float32)
+        level_c = np.empty((k**level, dim), dtype=np.float32)
         next_members: list[np.ndarray] = []
         for node, idx in enumerate(members):
             rng = np.random.default_rng([seed, level, node])

@@ -4,16 +4,27 @@ import hashlib
 from pathlib import Path
 
 import pytest
-
 from tiny import build_tiny_llama
 
 TOPICS = {
-    "metals": ["Iron is a strong metal used in steel and bridges.", "Copper is a metal that conducts electricity well.",
-               "Gold is a soft yellow metal prized for jewellery.", "Aluminium is a light metal used in aircraft."],
-    "gases": ["Helium is a light gas used in balloons.", "Neon is a noble gas that glows red in signs.",
-              "Argon is an inert gas used in light bulbs.", "Hydrogen is the lightest gas in the universe."],
-    "animals": ["The fox is a quick animal of the forest.", "The dog is a loyal animal kept as a pet.",
-                "The owl is a bird that hunts at night.", "The whale is the largest animal in the sea."],
+    "metals": [
+        "Iron is a strong metal used in steel and bridges.",
+        "Copper is a metal that conducts electricity well.",
+        "Gold is a soft yellow metal prized for jewellery.",
+        "Aluminium is a light metal used in aircraft.",
+    ],
+    "gases": [
+        "Helium is a light gas used in balloons.",
+        "Neon is a noble gas that glows red in signs.",
+        "Argon is an inert gas used in light bulbs.",
+        "Hydrogen is the lightest gas in the universe.",
+    ],
+    "animals": [
+        "The fox is a quick animal of the forest.",
+        "The dog is a loyal animal kept as a pet.",
+        "The owl is a bird that hunts at night.",
+        "The whale is the largest animal in the sea.",
+    ],
 }
 
 

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import tree_digest
 from typer.testing import CliRunner
 
-from conftest import tree_digest
 from memctl.cli import app
 
 runner = CliRunner()
@@ -19,8 +19,9 @@ def invoke(*args: str):  # noqa: ANN201
 
 
 def make_bank(corpus: Path, anchor: Path, name: str = "b", *extra: str):  # noqa: ANN201
-    res = invoke("ingest", str(corpus), "--bank", name, "--anchor", str(anchor), "--embedder", "hash",
-                 "--tree", "2,2", *extra)
+    res = invoke(
+        "ingest", str(corpus), "--bank", name, "--anchor", str(anchor), "--embedder", "hash", "--tree", "2,2", *extra
+    )
     assert res.exit_code == 0, res.output
     return res
 
@@ -84,11 +85,41 @@ def one_error_line(res) -> str:  # noqa: ANN001
         (None, ["info", "--bank", "nobank"], "no bank named"),
         (None, ["train", "--bank", "nobank"], "no bank named"),
         (None, ["ask", "hello", "--bank", "nobank"], "no bank named"),
-        (None, ["ingest", "{corpus}", "--bank", "b", "--anchor", "{anchor}", "--embedder", "hash", "--tree", "2,2",
-                "--ranks", "4,4,4"], "--ranks has 3 values but the tree has 2 levels"),
+        (
+            None,
+            [
+                "ingest",
+                "{corpus}",
+                "--bank",
+                "b",
+                "--anchor",
+                "{anchor}",
+                "--embedder",
+                "hash",
+                "--tree",
+                "2,2",
+                "--ranks",
+                "4,4,4",
+            ],
+            "--ranks has 3 values but the tree has 2 levels",
+        ),
         (None, ["ingest", "{corpus}", "--bank", "b", "--anchor", "{tmp}/no-model", "--embedder", "hash"], "bad anchor"),
-        (None, ["ingest", "{corpus}", "--bank", "b", "--anchor", "{anchor}", "--embedder", "hash",
-                "--memory-layers", "last:99"], "last:N"),
+        (
+            None,
+            [
+                "ingest",
+                "{corpus}",
+                "--bank",
+                "b",
+                "--anchor",
+                "{anchor}",
+                "--embedder",
+                "hash",
+                "--memory-layers",
+                "last:99",
+            ],
+            "last:N",
+        ),
         (None, ["ingest", "{corpus}", "--bank", "b/../x"], "bad bank name"),
     ],
 )

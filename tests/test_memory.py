@@ -20,8 +20,7 @@ def _model(path: Path) -> torch.nn.Module:
 
 def _random_level(u: int, n_layers: int, r: int, d: int, index: list[int], seed: int) -> LevelFetch:
     g = torch.Generator().manual_seed(seed)
-    return LevelFetch(*(torch.randn(u, n_layers, r, d, generator=g) * 0.1 for _ in range(3)),
-                      index=torch.tensor(index))
+    return LevelFetch(*(torch.randn(u, n_layers, r, d, generator=g) * 0.1 for _ in range(3)), index=torch.tensor(index))
 
 
 def test_memory_equals_widened_mlp(tiny_anchor: Path) -> None:
@@ -47,8 +46,12 @@ def test_shared_block_path_equals_per_sample_path(tiny_anchor: Path) -> None:
     d = model.config.hidden_size
     x = torch.randn(4, 6, d)
     shared = _random_level(1, 3, 4, d, [0, 0, 0, 0], 3)
-    per_sample = LevelFetch(shared.gate.expand(4, -1, -1, -1), shared.up.expand(4, -1, -1, -1),
-                            shared.down.expand(4, -1, -1, -1), torch.arange(4))
+    per_sample = LevelFetch(
+        shared.gate.expand(4, -1, -1, -1),
+        shared.up.expand(4, -1, -1, -1),
+        shared.down.expand(4, -1, -1, -1),
+        torch.arange(4),
+    )
     a = memory_delta(x, Fetched([shared], 4), 0, mlp.act_fn)
     b = memory_delta(x, Fetched([per_sample], 4), 0, mlp.act_fn)
     torch.testing.assert_close(a, b)
@@ -62,8 +65,12 @@ def test_untrained_blocks_leave_logits_bit_identical_and_detach_restores(tiny_an
     n = model.config.num_hidden_layers
     handle = attach(model, tuple(range(n)))
     blocks = [init_block(n, 4, model.config.hidden_size, 0.2, block_generator(0, 1, i)) for i in range(2)]
-    lv = LevelFetch(torch.stack([b["gate"] for b in blocks]), torch.stack([b["up"] for b in blocks]),
-                    torch.stack([b["down"] for b in blocks]), torch.tensor([0, 1]))
+    lv = LevelFetch(
+        torch.stack([b["gate"] for b in blocks]),
+        torch.stack([b["up"] for b in blocks]),
+        torch.stack([b["down"] for b in blocks]),
+        torch.tensor([0, 1]),
+    )
     with handle.using(Fetched([lv], 2)):
         during = model(ids).logits
     assert torch.equal(before, during)
@@ -84,8 +91,9 @@ def test_each_sample_gets_its_own_blocks(tiny_anchor: Path) -> None:
     with handle.using(Fetched([lv], 2)):
         both = model(ids).logits
     for row, block in ((0, 1), (1, 0)):
-        alone = LevelFetch(lv.gate[block : block + 1], lv.up[block : block + 1], lv.down[block : block + 1],
-                           torch.tensor([0]))
+        alone = LevelFetch(
+            lv.gate[block : block + 1], lv.up[block : block + 1], lv.down[block : block + 1], torch.tensor([0])
+        )
         with handle.using(Fetched([alone], 1)):
             single = model(ids[row : row + 1]).logits
         torch.testing.assert_close(both[row : row + 1], single, rtol=1e-4, atol=1e-5)

@@ -8,10 +8,11 @@ import torch
 
 from memctl.anchor import attach, load_anchor
 from memctl.bank import ingest
+from memctl.batches import collate, load_samples
 from memctl.optim import BlockAdamW
 from memctl.prefix import prefix_states, suffix_logits
 from memctl.registry import Registry
-from memctl.train import collate, load_samples, train
+from memctl.train import train
 
 
 def _bank(corpus: Path, anchor: Path, home: Path, name: str = "b", layers: str = "all") -> Registry:
@@ -89,8 +90,9 @@ def test_prefix_cache_reproduces_the_full_forward(home: Path, corpus: Path, tiny
     handle.detach()
 
 
-def test_training_with_prefix_cache_equals_training_without(home: Path, corpus: Path, tiny_anchor: Path,
-                                                          monkeypatch) -> None:  # noqa: ANN001
+def test_training_with_prefix_cache_equals_training_without(
+    home: Path, corpus: Path, tiny_anchor: Path, monkeypatch
+) -> None:  # noqa: ANN001
     a = _bank(corpus, tiny_anchor, home, "a", layers="last:2")
     train("a", {"epochs": 1, "batch_size": 2}, home=home)
     import memctl.train as tr
@@ -102,3 +104,23 @@ def test_training_with_prefix_cache_equals_training_without(home: Path, corpus: 
     assert set(ba) == set(bb)
     for k in ba:
         torch.testing.assert_close(ba[k]["down"], bb[k]["down"], rtol=1e-3, atol=1e-5)
+
+
+def test_head_on_labelled_positions_only_gives_the_same_loss(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    from memctl.batches import lm_loss
+    from memctl.prefix import head_split_matches, masked_lm_loss
+
+    reg = _bank(corpus, tiny_anchor, home, layers="last:2")
+    anchor = load_anchor(str(tiny_anchor), home)
+    samples = load_samples(reg, anchor, "generic")[:4]
+    ids, mask, labels = collate(samples, anchor.tokenizer.pad_token_id)
+    assert mask.sum() < mask.numel()  # the batch really is padded
+    assert head_split_matches(anchor.model, ids, mask)
+    start = reg.config.memory.layers[0]
+    states = prefix_states(anchor.model, ids, mask, start)
+    with torch.no_grad():
+        full = lm_loss(anchor.model, ids, mask, labels)
+        split = masked_lm_loss(anchor.model, ids, mask, labels)
+        split_cached = masked_lm_loss(anchor.model, ids, mask, labels, states, start)
+    torch.testing.assert_close(full, split)
+    torch.testing.assert_close(full, split_cached)

@@ -56,10 +56,7 @@ def discovery_sentence(name: str, who: str, year: int | None, where: str) -> str
 def compose(row: sqlite3.Row) -> str:
     name = clean(row["name"])
     parts = [
-        (
-            f"{name} (symbol {clean(row['symbol'])}) is the chemical element "
-            f"with atomic number {row['atomic_number']}."
-        ),
+        (f"{name} (symbol {clean(row['symbol'])}) is the chemical element with atomic number {row['atomic_number']}."),
         clean(row["description"]),
     ]
     for label, key in LABELLED:

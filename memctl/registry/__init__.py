@@ -65,7 +65,9 @@ class Registry:
     def open(cls, name: str, home: Path | None = None) -> Registry:
         path = cls.bank_dir(name, home)
         if not (path / "registry.db").is_file():
-            raise BankNotFound(f"no bank named {name!r} under {path.parent}; create it with `memctl ingest PATH --bank {name}`")
+            raise BankNotFound(
+                f"no bank named {name!r} under {path.parent}; create it with `memctl ingest PATH --bank {name}`"
+            )
         return cls(path, name)
 
     @classmethod
@@ -74,7 +76,9 @@ class Registry:
 
     @classmethod
     @contextmanager
-    def create(cls, name: str, config: BankConfig, home: Path | None = None) -> Iterator[Registry]:
+    def create(
+        cls, name: str, config: BankConfig, anchor: dict[str, Any], home: Path | None = None
+    ) -> Iterator[Registry]:
         """Build a new bank in a staging directory; it appears under its name only if the block succeeds."""
         final = cls.bank_dir(name, home)
         if final.exists():
@@ -84,9 +88,17 @@ class Registry:
         staging.mkdir(parents=True)
         try:
             reg = cls(staging, name)
-            reg.set_meta("name", name)
-            reg.set_meta("created", now())
-            reg.set_meta("config", config.to_json())
+            reg.db["banks"].insert(
+                {
+                    "name": name,
+                    "created": now(),
+                    "config": config.to_json(),
+                    "anchor": anchor["path"],
+                    "anchor_sha256": anchor["sha256"],
+                    "anchor_params": anchor["params"],
+                    "anchor_layers": anchor["layers"],
+                }
+            )
             yield reg
             reg.db.close()
             os.rename(staging, final)
@@ -108,10 +120,13 @@ class Registry:
         return rows[0]["value"] if rows else default
 
     @property
+    def bank(self) -> dict[str, Any]:
+        """The bank's row: name, created, config JSON, anchor path, sha256, parameters and layers."""
+        return dict(next(iter(self.db.query("select * from banks"))))
+
+    @property
     def config(self) -> BankConfig:
-        text = self.get_meta("config")
-        assert text is not None
-        return BankConfig.from_json(text)
+        return BankConfig.from_json(self.bank["config"])
 
     # ---- documents and windows -------------------------------------------------------------
     def doc_hashes(self) -> dict[str, str]:
@@ -140,7 +155,14 @@ class Registry:
         rows = []
         for lvl, (cent, sizes) in enumerate(zip(tree.centroids, tree.sizes, strict=True), start=1):
             for i in range(cent.shape[0]):
-                rows.append({"level": lvl, "idx": i, "centroid": cent[i].astype(np.float32).tobytes(), "n_windows": int(sizes[i])})
+                rows.append(
+                    {
+                        "level": lvl,
+                        "idx": i,
+                        "centroid": cent[i].astype(np.float32).tobytes(),
+                        "n_windows": int(sizes[i]),
+                    }
+                )
         self.db["nodes"].insert_all(rows, batch_size=1000)
 
     def load_tree(self) -> Tree:

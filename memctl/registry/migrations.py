@@ -9,7 +9,19 @@ import sqlite_utils
 
 
 def _m001_initial(db: sqlite_utils.Database) -> None:
-    db["meta"].create({"key": str, "value": str}, pk="key")
+    db["banks"].create(
+        {
+            "name": str,
+            "created": str,
+            "config": str,
+            "anchor": str,
+            "anchor_sha256": str,
+            "anchor_params": int,
+            "anchor_layers": int,
+        },
+        pk="name",
+    )
+    db["meta"].create({"key": str, "value": str}, pk="key")  # other settings, e.g. the last training config
     db["documents"].create(
         {"id": str, "source": str, "title": str, "sha256": str, "n_chars": int, "tags": str, "added": str},
         pk="id",
@@ -34,9 +46,7 @@ def _m001_initial(db: sqlite_utils.Database) -> None:
     )
     db["windows"].create_index(["doc_id"])
     db["windows"].create_index(["l1"])
-    db["nodes"].create(
-        {"level": int, "idx": int, "centroid": bytes, "n_windows": int}, pk=("level", "idx")
-    )
+    db["nodes"].create({"level": int, "idx": int, "centroid": bytes, "n_windows": int}, pk=("level", "idx"))
     db["blocks"].create(
         {
             "id": str,  # "L:I" or "generic"
@@ -54,9 +64,7 @@ def _m001_initial(db: sqlite_utils.Database) -> None:
         pk="id",
     )
     db["blocks"].create_index(["level", "idx"], unique=True)
-    db["block_docs"].create(
-        {"block_id": str, "doc_id": str, "tokens": int}, pk=("block_id", "doc_id")
-    )
+    db["block_docs"].create({"block_id": str, "doc_id": str, "tokens": int}, pk=("block_id", "doc_id"))
     db["block_docs"].create_index(["doc_id"])
     db["runs"].create(
         {

@@ -1,0 +1,124 @@
+"""The end-to-end demo on the bundled elements example (what `make demo` runs).
+
+Builds the corpus and probes from the mendeleev package, ingests them into a fresh bank, trains
+memory blocks on the frozen SmolLM2-135M-Instruct anchor, then compares probe accuracy of the
+anchor alone, the generic memory and the fetched memories. Everything lives under demo-out/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[2]
+console = Console()
+
+
+def step(name: str, args: list[str], env: dict[str, str], times: dict[str, float], capture: bool = False) -> str:
+    console.rule(f"[bold]{name}")
+    console.print("$ " + " ".join(args), style="dim", highlight=False)
+    t = time.perf_counter()
+    proc = subprocess.run(args, env=env, text=True, stdout=subprocess.PIPE if capture else None)
+    times[name] = time.perf_counter() - t
+    if proc.returncode != 0:
+        console.print(f"[red]{name} failed (exit {proc.returncode})")
+        sys.exit(proc.returncode)
+    console.print(f"[green]{name}: {times[name]:.0f} s")
+    return proc.stdout or ""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default=str(ROOT / "demo-out"))
+    ap.add_argument("--epochs", default="6")
+    ap.add_argument("--lr", default="1e-2")
+    ap.add_argument("--batch-size", default="4")
+    ap.add_argument("--memory-layers", default="last:10")
+    ap.add_argument("--limit", default=None, help="evaluate a sample of N probes")
+    a = ap.parse_args()
+    out = Path(a.out)
+    env = dict(os.environ, MEMCTL_HOME=str(out / "home"))
+    shutil.rmtree(out / "home" / "banks" / "elements", ignore_errors=True)  # a fresh bank each run
+    memctl = [sys.executable, "-m", "memctl"]
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
+    step(
+        "build example",
+        [sys.executable, str(ROOT / "examples/elements/build.py"), "--out", str(out / "data")],
+        env,
+        times,
+    )
+    step(
+        "ingest",
+        memctl
+        + [
+            "ingest",
+            str(out / "data/elements.jsonl"),
+            "--id-field",
+            "id",
+            "--bank",
+            "elements",
+            "--memory-layers",
+            a.memory_layers,
+        ],
+        env,
+        times,
+    )
+    step("info", memctl + ["info", "--bank", "elements"], env, times)
+    step(
+        "train",
+        memctl + ["train", "--bank", "elements", "--epochs", a.epochs, "--lr", a.lr, "--batch-size", a.batch_size],
+        env,
+        times,
+    )
+    extra = ["--limit", a.limit] if a.limit else []
+    raw = step(
+        "evaluate",
+        memctl + ["eval", "--bank", "elements", "--probes", str(out / "data/probes.jsonl"), "--json", *extra],
+        env,
+        times,
+        capture=True,
+    )
+    total = time.perf_counter() - t0
+    res = {r["setup"]: r for r in json.loads(raw)["results"]}
+    (out / "results.json").write_text(json.dumps({"results": res, "seconds": times, "total_seconds": total}, indent=2))
+
+    table = Table(title=f"elements probes ({res['anchor']['n']}): accuracy with 95% Wilson interval")
+    for col in ("setup", "accuracy", "95% CI", "atomic_number", "discovery_year"):
+        table.add_column(col, justify="right")
+    for name in ("anchor", "generic", "fetched"):
+        r = res[name]
+        kinds = r["per_kind"]
+        table.add_row(
+            name,
+            f"{100 * r['accuracy']:.1f}%",
+            f"{100 * r['ci95'][0]:.1f}–{100 * r['ci95'][1]:.1f}%",
+            *(f"{100 * kinds[k]['accuracy']:.1f}%" if k in kinds else "-" for k in ("atomic_number", "discovery_year")),
+        )
+    console.print(table)
+    steps = Table(title="time per step")
+    steps.add_column("step")
+    steps.add_column("seconds", justify="right")
+    for k, v in times.items():
+        steps.add_row(k, f"{v:.0f}")
+    steps.add_row("[bold]total", f"[bold]{total:.0f}")
+    console.print(steps)
+    f, an, g = (res[s]["accuracy"] for s in ("fetched", "anchor", "generic"))
+    verdict = "beat" if f > an and f > g else "did NOT beat"
+    console.print(
+        f"fetched memories {verdict} the anchor alone ({100 * an:.1f}%) and the generic memory "
+        f"({100 * g:.1f}%): {100 * f:.1f}%"
+    )
+
+
+if __name__ == "__main__":
+    main()

