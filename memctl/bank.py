@@ -184,6 +184,11 @@ def ingest(
                     r.db["windows"].update(wid, {"path": ",".join(map(str, path)), "l1": int(path[0])})
                 r.save_tree(tr)
                 reclustered = True
+                # prompts were routed, and checkpoints trained, on the old tree
+                r.db.execute("delete from prompts")
+                r.db.execute("update windows set prompted = 0")
+                for ckpt in r.checkpoint_dir().glob("unit-*.pt"):
+                    ckpt.unlink()
             stamp = now()
             r.db["documents"].insert_all(
                 [

@@ -1,4 +1,5 @@
-"""Training data: windows as token samples, the seeded order of an epoch, collation, the loss."""
+"""Training data: windows (next-token loss) and prompts (distillation) as samples, the seeded order of
+an epoch, collation and the losses."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 
 from .anchor import Anchor
 from .config import TrainConfig
+from .distill import kd_loss
 from .prefix import CACHE_BYTES, masked_lm_loss, prefix_states, suffix_logits, suffix_matches
 from .registry import Registry
 from .units import GENERIC
@@ -20,21 +22,64 @@ from .units import GENERIC
 
 @dataclass
 class Sample:
-    window_id: int
+    key: str  # "w<id>" for a window, "p<id>" for a prompt: the prefix-cache key
     doc_id: str
     ids: list[int]
     path: tuple[int, ...]
     states: torch.Tensor | None = None  # cached input of the first memory layer, (T, d)
+    # distillation targets (None for a next-token sample)
+    n_prompt: int = 0  # positions n_prompt-1 .. len(ids)-2 predict the answer tokens
+    topk_idx: torch.Tensor | None = None  # (A, k) int64
+    topk_logp: torch.Tensor | None = None  # (A, k) float32
+
+    @property
+    def kind(self) -> str:
+        return "lm" if self.topk_idx is None else "kd"
 
 
-def load_samples(reg: Registry, anchor: Anchor, unit: str) -> list[Sample]:
+def _path(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(","))
+
+
+def window_samples(reg: Registry, anchor: Anchor, unit: str) -> list[Sample]:
     rows = reg.windows() if unit == GENERIC else reg.windows("l1 = ?", [int(unit)])
     tok = anchor.tokenizer
     out = []
     for r in rows:
         ids = tok(r["text"], add_special_tokens=False)["input_ids"]
         if len(ids) >= 2:
-            out.append(Sample(r["id"], r["doc_id"], ids, tuple(int(v) for v in r["path"].split(","))))
+            out.append(Sample(f"w{r['id']}", r["doc_id"], ids, _path(r["path"])))
+    return out
+
+
+def prompt_samples(reg: Registry, unit: str) -> list[Sample]:
+    """Trained (not held-out) prompts of a unit: on the prompt's own route when it lies in the unit,
+    and on its window's route when that lies in the unit and differs (both paths are trained)."""
+    sql = (
+        "select p.id, p.doc_id, p.ids, p.n_prompt, p.topk_idx, p.topk_logp, p.path, w.path as wpath "
+        "from prompts p join windows w on w.id = p.window_id where p.held_out = 0 and p.topk_idx is not null"
+    )
+    out = []
+    for r in reg.db.query(sql + " order by p.id"):
+        ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
+        n_ans = len(ids) - r["n_prompt"]
+        idx = torch.from_numpy(np.frombuffer(r["topk_idx"], dtype=np.int32).reshape(n_ans, -1).astype(np.int64))
+        logp = torch.from_numpy(np.frombuffer(r["topk_logp"], dtype=np.float32).reshape(n_ans, -1).copy())
+        paths = (
+            [_path(r["path"])]
+            if unit == GENERIC
+            else [p for p in dict.fromkeys([_path(r["path"]), _path(r["wpath"])]) if p[0] == int(unit)]
+        )
+        for path in paths:
+            out.append(Sample(f"p{r['id']}", r["doc_id"], ids, path, None, r["n_prompt"], idx, logp))
+    return out
+
+
+def load_samples(reg: Registry, anchor: Anchor, unit: str, objective: str = "lm") -> list[Sample]:
+    """The unit's samples for an objective: lm = windows, distill = prompts, mix = both."""
+    out = window_samples(reg, anchor, unit) if objective in ("lm", "mix") else []
+    if objective in ("distill", "mix"):
+        out += prompt_samples(reg, unit)
     return out
 
 
@@ -49,14 +94,15 @@ def epoch_batches(samples: list[Sample], unit: str, k: int, tcfg: TrainConfig, e
     if unit == GENERIC:
         keep = rng.random(len(samples)) < 1.0 / (k + 1)
         order = order[keep[order]]
-    bs = tcfg.batch_size
-    # length buckets: sort runs of 8 batches by length so little compute goes to padding,
-    # then shuffle the batches themselves
+    # one kind per batch; length buckets: sort runs of 8 batches by length so little compute goes
+    # to padding; then shuffle the batches themselves
     batches: list[list[int]] = []
-    span = 8 * bs
-    for s in range(0, len(order), span):
-        run = sorted(order[s : s + span].tolist(), key=lambda i: len(samples[i].ids))
-        batches.extend(run[i : i + bs] for i in range(0, len(run), bs))
+    for kind in ("lm", "kd"):
+        bs = tcfg.batch_size if kind == "lm" else tcfg.batch_size * tcfg.prompt_batch_factor
+        mine = [i for i in order.tolist() if samples[i].kind == kind]
+        for s in range(0, len(mine), 8 * bs):
+            run = sorted(mine[s : s + 8 * bs], key=lambda i: len(samples[i].ids))
+            batches.extend(run[i : i + bs] for i in range(0, len(run), bs))
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
@@ -71,6 +117,34 @@ def collate(batch: list[Sample], pad_id: int) -> tuple[torch.Tensor, torch.Tenso
         mask[i, : len(s.ids)] = 1
     labels = ids.masked_fill(mask == 0, -100)
     return ids, mask, labels
+
+
+def kd_targets(batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(N, 2) (row, position) pairs that predict answer tokens, and the teacher's (N, k) top-k."""
+    pos, idx, logp = [], [], []
+    for row, s in enumerate(batch):
+        assert s.topk_idx is not None and s.topk_logp is not None
+        for j in range(s.topk_idx.shape[0]):
+            pos.append((row, s.n_prompt - 1 + j))
+        idx.append(s.topk_idx)
+        logp.append(s.topk_logp)
+    return torch.tensor(pos, dtype=torch.long), torch.cat(idx), torch.cat(logp)
+
+
+def batch_loss(
+    model: Any,
+    batch: list[Sample],
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    labels: torch.Tensor,
+    states: torch.Tensor | None,
+    start: int,
+    split_head: bool,
+) -> torch.Tensor:
+    if batch[0].kind == "lm":
+        return lm_loss(model, ids, mask, labels, states, start, split_head)
+    pos, idx, logp = kd_targets(batch)
+    return kd_loss(model, ids, mask, pos, idx, logp, states, start, split_head)
 
 
 def lm_loss(
@@ -96,37 +170,30 @@ def lm_loss(
 
 
 def build_prefix_cache(
-    reg: Registry, anchor: Anchor, units: list[str], progress: Callable[[int, int, int, float], None] | None = None
-) -> dict[int, torch.Tensor] | None:
-    """Inputs of the first memory layer for every window the units train on, computed once.
+    anchor: Anchor, start: int, samples: list[Sample], progress: Callable[[int, int, int, float], None] | None = None
+) -> dict[str, torch.Tensor] | None:
+    """Inputs of the first memory layer (layer `start`) for every sample, computed once, by sample key.
 
     None when memories start at layer 0, when the cache would pass CACHE_BYTES, or when this
     architecture's suffix forward does not reproduce its full forward."""
-    start = min(reg.config.memory.layers)
-    if start == 0:
+    unique = list({s.key: s for s in samples}.values())
+    if start == 0 or not unique or sum(len(s.ids) for s in unique) * anchor.hidden * 4 > CACHE_BYTES:
         return None
-    where = "" if GENERIC in units else f"l1 in ({','.join(str(int(u)) for u in units)})"
-    n_tokens = reg.db.execute("select coalesce(sum(n_tokens), 0) from windows" + (f" where {where}" if where else ""))
-    if n_tokens.fetchone()[0] * anchor.hidden * 4 > CACHE_BYTES:
-        return None
-    samples = (
-        load_samples(reg, anchor, GENERIC) if not where else [s for u in units for s in load_samples(reg, anchor, u)]
-    )
-    samples.sort(key=lambda s: len(s.ids))  # little padding
+    unique.sort(key=lambda s: len(s.ids))  # little padding
     pad = anchor.tokenizer.pad_token_id
-    ids, mask, _ = collate(samples[:2], pad)
+    ids, mask, _ = collate(unique[-2:], pad)
     if not suffix_matches(anchor.model, ids, mask, start):
         return None
-    cache: dict[int, torch.Tensor] = {}
+    cache: dict[str, torch.Tensor] = {}
     t0, done_tokens, bs = time.perf_counter(), 0, 16
-    for i in range(0, len(samples), bs):
-        batch = samples[i : i + bs]
+    for i in range(0, len(unique), bs):
+        batch = unique[i : i + bs]
         ids, mask, _ = collate(batch, pad)
         h = prefix_states(anchor.model, ids, mask, start)  # (B, T, d)
         for j, smp in enumerate(batch):
-            cache[smp.window_id] = h[j, : len(smp.ids)].clone()
+            cache[smp.key] = h[j, : len(smp.ids)].clone()
         done_tokens += int(mask.sum())
         if progress:
             el = time.perf_counter() - t0
-            progress(min(i + bs, len(samples)), len(samples), done_tokens, done_tokens / max(el, 1e-9))
+            progress(min(i + bs, len(unique)), len(unique), done_tokens, done_tokens / max(el, 1e-9))
     return cache

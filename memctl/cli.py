@@ -164,6 +164,16 @@ def train(
     lr: Annotated[float | None, typer.Option(help="Peak learning rate (default 1e-2).")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Windows per step (default 4).")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of the data order.")] = None,
+    objective: Annotated[
+        str | None,
+        typer.Option(
+            help="lm: next-token on windows; distill: match the open-book anchor on prompts about "
+            "each window; mix: both (default lm)."
+        ),
+    ] = None,
+    patience: Annotated[
+        int | None, typer.Option(help="Stop a unit after this many epochs without held-out gain.")
+    ] = None,
     subtree: Annotated[int | None, typer.Option(help="Train only this level-1 subtree (an isolated unit).")] = None,
     retrain: Annotated[bool, typer.Option(help="Retrain units that are already trained.")] = False,
     restart: Annotated[bool, typer.Option(help="Drop interrupted checkpoints and start over.")] = False,
@@ -173,7 +183,14 @@ def train(
     from .train import TrainEvent
     from .train import train as do_train
 
-    overrides = {"epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed}
+    overrides = {
+        "epochs": epochs,
+        "lr": lr,
+        "batch_size": batch_size,
+        "seed": seed,
+        "objective": objective,
+        "patience": patience,
+    }
 
     def go() -> Any:
         if as_json or not err.is_terminal:
@@ -182,18 +199,22 @@ def train(
             def log(ev: TrainEvent) -> None:
                 if not as_json and (ev.step == ev.total_steps or time.monotonic() - last[0] > 10):
                     last[0] = time.monotonic()
-                    label = "prefix cache" if ev.unit_no < 0 else f"unit {ev.unit} ({ev.unit_no + 1}/{ev.n_units})"
+                    if ev.unit_no < 0:  # a preparation stage: prompts, teacher cache, prefix cache
+                        err.print(f"{ev.unit} {ev.step}/{ev.total_steps}", highlight=False)
+                        return
+                    held = f" held-out {100 * ev.heldout:.0f}%" if ev.heldout is not None else ""
                     err.print(
-                        f"{label} step {ev.step}/{ev.total_steps} loss {ev.loss:.3f} {ev.tokens_per_s:.0f} tok/s",
+                        f"unit {ev.unit} ({ev.unit_no + 1}/{ev.n_units}) step {ev.step}/{ev.total_steps} "
+                        f"loss {ev.loss:.3f}{held} {ev.tokens_per_s:.0f} tok/s",
                         highlight=False,
                     )
 
             return do_train(bank, overrides, subtree=subtree, retrain=retrain, restart=restart, progress=log)
         with Progress(
-            TextColumn("unit {task.fields[unit]:>7}"),
+            TextColumn("{task.fields[unit]:>12}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]:.3f}  {task.fields[tps]:.0f} tok/s"),
+            TextColumn("loss {task.fields[loss]:.3f} held-out {task.fields[held]}  {task.fields[tps]:.0f} tok/s"),
             TimeElapsedColumn(),
             console=err,
         ) as bar:
@@ -204,11 +225,20 @@ def train(
                     tasks[ev.unit] = bar.add_task(
                         "",
                         total=ev.total_steps,
-                        unit="cache" if ev.unit_no < 0 else f"{ev.unit_no + 1}/{ev.n_units}",
+                        unit=ev.unit if ev.unit_no < 0 else f"unit {ev.unit_no + 1}/{ev.n_units}",
                         loss=ev.loss,
                         tps=0.0,
+                        held="-",
                     )
-                bar.update(tasks[ev.unit], completed=ev.step, loss=ev.loss, tps=ev.tokens_per_s)
+                held = f"{100 * ev.heldout:.0f}%" if ev.heldout is not None else "-"
+                bar.update(
+                    tasks[ev.unit],
+                    completed=ev.step,
+                    total=ev.total_steps,
+                    loss=ev.loss,
+                    tps=ev.tokens_per_s,
+                    held=held,
+                )
 
             return do_train(bank, overrides, subtree=subtree, retrain=retrain, restart=restart, progress=update)
 
@@ -221,6 +251,7 @@ def train(
                     "units": [u.__dict__ for u in res.units],
                     "skipped": res.skipped,
                     "tokens": res.tokens,
+                    "prepare": res.prepare.__dict__ if res.prepare else None,
                 }
             )
         )
@@ -228,16 +259,25 @@ def train(
     if not res.units:
         out.print(f"nothing to train: every unit of bank {bank!r} is trained (use --retrain to train again)")
         return
+    if res.prepare:
+        p = res.prepare
+        out.print(
+            f"prompts: {p.prompts_total} ({p.prompts_added} new); routed to another leaf than their window: "
+            f"{100 * p.route_differs_leaf:.0f}% (another level-1 subtree: {100 * p.route_differs_l1:.0f}%), "
+            f"both paths trained; teacher cache {p.teacher_seconds:.0f}s"
+        )
     table = Table(title=f"trained {len(res.units)} unit(s) of {bank}")
-    for col in ("unit", "steps", "tokens", "loss first→last", "tok/s", "time"):
+    for col in ("unit", "steps", "tokens", "loss first→last", "held-out by epoch", "tok/s", "time"):
         table.add_column(col, justify="right")
     for u in res.units:
         resumed = f" (resumed at {u.resumed_from})" if u.resumed_from else ""
+        held = " ".join(f"{100 * h:.0f}" for h in u.heldout) + ("% (early stop)" if u.stopped_early else "%")
         table.add_row(
             u.unit,
             f"{u.steps}{resumed}",
             f"{u.tokens:,}",
             f"{u.loss_first:.3f} → {u.loss_last:.3f}",
+            held if u.heldout else "-",
             f"{u.tokens / max(u.seconds, 1e-9):.0f}",
             f"{u.seconds:.0f}s",
         )
@@ -344,7 +384,9 @@ def ask(
 def eval_cmd(
     bank: BankOpt,
     probes: Annotated[Path, typer.Option(help="Probe JSONL: {doc, kind, prompt, answers}.")],
-    setups: Annotated[str, typer.Option(help="Comma-separated: anchor,generic,fetched.")] = "anchor,generic,fetched",
+    setups: Annotated[
+        str, typer.Option(help="Comma-separated: anchor, generic, fetched, oracle-rag (own document in the prompt).")
+    ] = "anchor,generic,fetched",
     limit: Annotated[int | None, typer.Option(help="Evaluate a reproducible sample of N probes.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the --limit sample.")] = 0,
     batch_size: Annotated[int, typer.Option(help="Probes per generation batch.")] = 16,

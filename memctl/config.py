@@ -78,6 +78,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     checkpoint_every: int = 25  # steps
+    objective: str = "lm"  # lm | distill | mix
+    prompt_batch_factor: int = 4  # prompts are short: this many times more of them per step
+    patience: int = 2  # stop a unit when held-out prompt accuracy has not improved for this many epochs
 
     def validate(self) -> None:
         if self.epochs < 1:
@@ -86,6 +89,8 @@ class TrainConfig:
             raise InputError("--lr must be positive")
         if self.batch_size < 1:
             raise InputError("--batch-size must be at least 1")
+        if self.objective not in ("lm", "distill", "mix"):
+            raise InputError(f"--objective must be lm, distill or mix, got {self.objective!r}")
 
 
 @dataclass(frozen=True)

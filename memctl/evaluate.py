@@ -19,7 +19,9 @@ from .serve import BankSession
 PROBE_TOKENS = 8  # a probe is correct when an answer appears in this many greedy new tokens
 Progress = Callable[[str, int, int], None]
 # setup name -> memory mode of BankSession.generate
-SETUPS: dict[str, str] = {"anchor": "none", "generic": "generic", "fetched": "fetched"}
+SETUPS: dict[str, str] = {"anchor": "none", "generic": "generic", "fetched": "fetched", "oracle-rag": "none"}
+DEFAULT_SETUPS = ("anchor", "generic", "fetched")
+OPEN_BOOK_SEPARATOR = "\n\n"  # the same layout the distillation teacher sees
 
 
 @dataclass(frozen=True)
@@ -115,14 +117,23 @@ def sample_probes(probes: list[Probe], limit: int | None, seed: int) -> list[Pro
     return [probes[i] for i in idx]
 
 
+def open_book(session: BankSession, probe: Probe) -> str:
+    """The probe's own document (its windows, in order) followed by the probe."""
+    rows = session.reg.windows("doc_id = ?", [probe.doc])
+    if not rows:
+        raise InputError(f"probe document {probe.doc!r} is not in bank {session.reg.name!r}; oracle-rag needs it")
+    return "\n\n".join(r["text"] for r in rows) + OPEN_BOOK_SEPARATOR + probe.prompt
+
+
 def evaluate(
     session: BankSession,
     probes: list[Probe],
-    setups: Sequence[str] = tuple(SETUPS),
+    setups: Sequence[str] = DEFAULT_SETUPS,
     batch_size: int = 16,
     progress: Progress | None = None,
 ) -> list[SetupResult]:
-    """Accuracy of each setup ('anchor': no memory, 'generic', 'fetched': routed) on the probes."""
+    """Accuracy of each setup on the probes: 'anchor' (no memory), 'generic', 'fetched' (routed
+    blocks), 'oracle-rag' (no memory, the probe's own document in the prompt: the open-book ceiling)."""
     for s in setups:
         if s not in SETUPS:
             raise InputError(f"unknown setup {s!r}; use {', '.join(SETUPS)}")
@@ -134,7 +145,7 @@ def evaluate(
         for s in range(0, len(probes), batch_size):
             chunk = probes[s : s + batch_size]
             answers = session.generate(
-                [p.prompt for p in chunk],
+                [open_book(session, p) if setup == "oracle-rag" else p.prompt for p in chunk],
                 mode=SETUPS[setup],
                 max_new_tokens=PROBE_TOKENS,
                 paths=paths[s : s + batch_size],

@@ -23,8 +23,9 @@ import numpy as np
 import torch
 
 from .anchor import Anchor, attach, load_anchor
-from .batches import Sample, build_prefix_cache, collate, epoch_batches, lm_loss, load_samples
+from .batches import batch_loss, build_prefix_cache, collate, epoch_batches, load_samples
 from .config import TrainConfig, train_config_from_json
+from .distill import PrepareReport, generate_prompts, heldout_accuracy, heldout_prompts, prepare
 from .errors import BankStateError, InputError, MemctlError
 from .memory import PARTS
 from .optim import BlockAdamW, clip_grad_norm, lr_at
@@ -32,7 +33,7 @@ from .prefix import (
     head_split_matches,
 )
 from .registry import Registry, block_id, dumps, memctl_home, now
-from .units import GENERIC, Unit, UnitParams, unit_of, units_to_train
+from .units import Unit, UnitParams, unit_of, units_to_train
 
 
 @dataclass
@@ -46,6 +47,7 @@ class TrainEvent:
     loss: float
     tokens: int  # tokens trained so far in this unit
     tokens_per_s: float
+    heldout: float | None = None  # held-out prompt accuracy after the last finished epoch
 
 
 @dataclass
@@ -57,6 +59,8 @@ class UnitResult:
     loss_last: float
     seconds: float
     resumed_from: int
+    heldout: list[float] = field(default_factory=list)  # held-out prompt accuracy per epoch
+    stopped_early: bool = False
 
 
 @dataclass
@@ -65,6 +69,7 @@ class TrainResult:
     units: list[UnitResult] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     interrupted: bool = False
+    prepare: PrepareReport | None = None  # prompts and teacher cache (distill and mix)
 
     @property
     def tokens(self) -> int:
@@ -109,22 +114,27 @@ def train_unit(
     progress: Callable[[TrainEvent], None] | None,
     flag: dict[str, bool],
     max_steps: int | None,
-    prefix_cache: dict[int, torch.Tensor] | None = None,
+    prefix_cache: dict[str, torch.Tensor] | None = None,
     split_head: bool = False,
 ) -> UnitResult | None:
     cfg = reg.config
     unit = unit_of(cfg, name)
-    samples = load_samples(reg, anchor, name)
+    samples = load_samples(reg, anchor, name, tcfg.objective)
+    if not samples:
+        return UnitResult(name, 0, 0, float("nan"), float("nan"), 0.0, 0)
     if prefix_cache is not None:
         for smp in samples:
-            smp.states = prefix_cache.get(smp.window_id)
+            smp.states = prefix_cache.get(smp.key)
     start = min(cfg.memory.layers)
     epochs = [epoch_batches(samples, name, cfg.tree.k, tcfg, e) for e in range(tcfg.epochs)]
     total = sum(len(e) for e in epochs)
     params = UnitParams(cfg, unit)
     opt = BlockAdamW(params.flat(), lr=tcfg.lr, betas=tcfg.betas, eps=tcfg.eps, weight_decay=tcfg.weight_decay)
+    heldout = heldout_prompts(reg, name)
     ckpt = reg.checkpoint_dir() / f"unit-{name}.pt"
     step, tokens, losses, seconds = 0, 0, [], 0.0
+    seen: dict[tuple[int, int], dict[str, int]] = {}  # (level, node) -> doc -> tokens trained
+    scores: list[float] = []  # held-out prompt accuracy after each epoch
     if ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
         with torch.no_grad():
@@ -132,34 +142,36 @@ def train_unit(
                 dst.copy_(src)
         opt.load_state_dict(state["opt"])
         step, tokens, losses, seconds = state["step"], state["tokens"], state["losses"], state["seconds"]
+        seen, scores = state["seen"], state["scores"]
     resumed_from = step
     pad = anchor.tokenizer.pad_token_id
     t_start = time.perf_counter() - seconds
 
     def checkpoint() -> None:
-        _save_checkpoint(
-            ckpt,
-            {
-                "params": [p.detach().clone() for p in params.flat()],
-                "opt": opt.state_dict(),
-                "step": step,
-                "tokens": tokens,
-                "losses": losses,
-                "unit": name,
-                "seconds": time.perf_counter() - t_start,
-                "config": dumps(dataclasses.asdict(tcfg)),
-            },
-        )
+        state = {
+            "params": [p.detach().clone() for p in params.flat()],
+            "opt": opt.state_dict(),
+            "step": step,
+            "tokens": tokens,
+            "losses": losses,
+            "seen": seen,
+            "scores": scores,
+            "unit": name,
+            "seconds": time.perf_counter() - t_start,
+            "config": dumps(dataclasses.asdict(tcfg)),
+        }
+        _save_checkpoint(ckpt, state)
 
     flat_batches = [(e, b) for e, bs in enumerate(epochs) for b in bs]
+    stopped_early = False
     while step < total:
         epoch, batch_idx = flat_batches[step]
         batch = [samples[i] for i in batch_idx]
         ids, mask, labels = collate(batch, pad)
-        local = []
-        for level, first, _n in unit.levels:
-            col = [0 if level == 0 else s.path[level - 1] - first for s in batch]
-            local.append(torch.tensor(col, dtype=torch.long))
+        local = [
+            torch.tensor([0 if level == 0 else s.path[level - 1] - first for s in batch], dtype=torch.long)
+            for level, first, _n in unit.levels
+        ]
         opt.lr = lr_at(step, total, tcfg.lr, tcfg.warmup, tcfg.min_lr_ratio)
         states = None
         if start > 0 and batch[0].states is not None:
@@ -167,7 +179,7 @@ def train_unit(
             for i, smp in enumerate(batch):
                 states[i, : len(smp.ids)] = smp.states
         with handle.using(params.fetched(local)):
-            loss = lm_loss(anchor.model, ids, mask, labels, states, start, split_head)
+            loss = batch_loss(anchor.model, batch, ids, mask, labels, states, start, split_head)
         loss.backward()
         clip_grad_norm(params.flat(), tcfg.grad_clip)
         opt.step([local[i // len(PARTS)] for i in range(len(params.flat()))])
@@ -175,53 +187,78 @@ def train_unit(
         step += 1
         tokens += int(mask.sum())
         losses.append(float(loss.detach()))
+        for smp in batch:
+            for level, _first, _n in unit.levels:
+                d = seen.setdefault((level, 0 if level == 0 else smp.path[level - 1]), {})
+                d[smp.doc_id] = d.get(smp.doc_id, 0) + len(smp.ids)
+        epoch_done = step == total or flat_batches[step][0] != epoch
+        if epoch_done and heldout:
+            scores.append(heldout_accuracy(anchor, handle, unit, params, heldout))
+            stopped_early = (step < total and len(heldout.prompts) >= MIN_HELDOUT_FOR_STOP
+                             and len(scores) >= (tcfg.epochs + 1) // 2 and _plateaued(scores, tcfg.patience))
         if progress:
             el = time.perf_counter() - t_start
-            progress(TrainEvent(name, unit_no, n_units, step, total, epoch, losses[-1], tokens, tokens / max(el, 1e-9)))
+            progress(
+                TrainEvent(
+                    name,
+                    unit_no,
+                    n_units,
+                    step,
+                    total,
+                    epoch,
+                    losses[-1],
+                    tokens,
+                    tokens / max(el, 1e-9),
+                    scores[-1] if scores else None,
+                )
+            )
         stopping = flag["stop"] or (max_steps is not None and step >= max_steps)
-        if step % tcfg.checkpoint_every == 0 or stopping:
+        if (step % tcfg.checkpoint_every == 0 or stopping) and not stopped_early:
             checkpoint()
         if stopping:
             return None
+        if stopped_early:
+            break
     seconds = time.perf_counter() - t_start
-    _finish_unit(reg, unit, params, samples, tcfg, tokens)
+    _finish_unit(reg, unit, params, seen)
     ckpt.unlink(missing_ok=True)
     first = float(np.mean(losses[: max(1, len(losses) // 20)])) if losses else float("nan")
     last = float(np.mean(losses[-max(1, len(losses) // 20) :])) if losses else float("nan")
-    return UnitResult(name, step, tokens, first, last, seconds, resumed_from)
+    return UnitResult(name, step, tokens, first, last, seconds, resumed_from, scores, stopped_early)
 
 
-def _finish_unit(
-    reg: Registry, unit: Unit, params: UnitParams, samples: list[Sample], tcfg: TrainConfig, tokens: int
-) -> None:
-    """Write the unit's trained blocks, then record them (and provenance) in one transaction."""
-    used: dict[tuple[int, int], dict[str, int]] = {}  # (level, node) -> doc -> tokens per epoch
-    for s in samples:
-        for level, _first, _n in unit.levels:
-            node = 0 if level == 0 else s.path[level - 1]
-            d = used.setdefault((level, node), {})
-            d[s.doc_id] = d.get(s.doc_id, 0) + len(s.ids)
-    if unit.name == GENERIC:  # its tokens are a 1/(k+1) sample, not every window
-        used = {(0, 0): {doc: n for doc, n in used.get((0, 0), {}).items()}}
+MIN_HELDOUT_FOR_STOP = 20  # fewer held-out prompts are too noisy to stop on
+
+
+def _plateaued(scores: list[float], patience: int) -> bool:
+    """No improvement over the best earlier score for `patience` epochs."""
+    return len(scores) > patience and max(scores[-patience:]) <= max(scores[:-patience])
+
+
+def _finish_unit(reg: Registry, unit: Unit, params: UnitParams, seen: dict[tuple[int, int], dict[str, int]]) -> None:
+    """Write the unit's trained blocks, then record them and their provenance in one transaction."""
     files = {}
     for pos, (level, first, _n) in enumerate(unit.levels):
-        for lvl, node in used:
+        for lvl, node in seen:
             if lvl == level:
                 files[(lvl, node)] = reg.write_block(lvl, node, params.block(pos, node - first))
     stamp = now()
     with reg.db.atomic():
         for (lvl, node), (file, sha) in files.items():
             bid = block_id(lvl, node)
-            trained = tokens if lvl == 0 else sum(used[(lvl, node)].values()) * tcfg.epochs
             reg.db["blocks"].update(
-                bid, {"file": file, "sha256": sha, "state": "trained", "trained_tokens": trained, "updated": stamp}
+                bid,
+                {
+                    "file": file,
+                    "sha256": sha,
+                    "state": "trained",
+                    "trained_tokens": sum(seen[(lvl, node)].values()),
+                    "updated": stamp,
+                },
             )
             reg.db.execute("delete from block_docs where block_id = ?", [bid])
             reg.db["block_docs"].insert_all(
-                [
-                    {"block_id": bid, "doc_id": doc, "tokens": n * (1 if lvl == 0 else tcfg.epochs)}
-                    for doc, n in used[(lvl, node)].items()
-                ]
+                [{"block_id": bid, "doc_id": doc, "tokens": n} for doc, n in seen[(lvl, node)].items()]
             )
 
 
@@ -264,9 +301,14 @@ def train(
     handle = attach(anchor.model, reg.config.memory.layers)
     reg.set_meta("train_config", dumps(dataclasses.asdict(tcfg)))
     try:
-        cache = build_prefix_cache(reg, anchor, todo, _prefix_progress(progress, len(todo)))
-        probe = load_samples(reg, anchor, todo[0] if todo[0] != GENERIC else GENERIC)[:2]
-        ids, mask, _ = collate(probe, anchor.tokenizer.pad_token_id)
+        stage = _stage_progress(progress, len(todo))
+        if tcfg.objective == "lm":  # prompts only to score held-out accuracy while training
+            generate_prompts(reg, stage)
+        else:
+            result.prepare = prepare(reg, anchor, stage)
+        every = [s for u in todo for s in load_samples(reg, anchor, u, tcfg.objective)]
+        cache = build_prefix_cache(anchor, min(reg.config.memory.layers), every, _prefix_progress(progress, len(todo)))
+        ids, mask, _ = collate(every[:2], anchor.tokenizer.pad_token_id)
         split_head = head_split_matches(anchor.model, ids, mask)
         _keep_freed_memory()
         with _sigint_flag() as flag:
@@ -326,6 +368,14 @@ def _prefix_progress(
     return lambda done, total, tokens, tps: progress(
         TrainEvent("prefix", -1, n_units, done, total, 0, 0.0, tokens, tps)
     )
+
+
+def _stage_progress(progress: Callable[[TrainEvent], None] | None, n_units: int) -> Callable[[str, int, int], None]:
+    def report(stage: str, done: int, total: int) -> None:
+        if progress:
+            progress(TrainEvent(stage, -1, n_units, done, total, 0, 0.0, 0, 0.0))
+
+    return report
 
 
 def _resolve_config(reg: Registry, overrides: dict[str, Any]) -> TrainConfig:

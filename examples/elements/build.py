@@ -2,7 +2,9 @@
 
 Usage: python examples/elements/build.py --out DIR
 
-Writes DIR/elements.jsonl (one document per element) and DIR/probes.jsonl.
+Writes DIR/elements.jsonl (one document per element), DIR/probes.jsonl, and
+DIR/probes-rephrased.jsonl: the same facts asked in other words, to measure how far what the
+memories learned carries beyond the wording they were trained on.
 Only the standard library is used; mendeleev's ORM is never imported.
 """
 
@@ -76,6 +78,12 @@ def contradicting_sentence(text: str, year: str) -> str | None:
     return None
 
 
+REPHRASED = {
+    "atomic_number": "In the periodic table, {name} has the atomic number",
+    "discovery_year": "The year in which {name} was first discovered is",
+}
+
+
 def build(db: Path, out: Path) -> None:
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     con.row_factory = sqlite3.Row
@@ -85,6 +93,7 @@ def build(db: Path, out: Path) -> None:
 
     docs: list[dict[str, str]] = []
     probes: list[dict[str, object]] = []
+    rephrased: list[dict[str, object]] = []  # the same facts asked in words no prompt rule of memctl writes
     kept: Counter[str] = Counter()
     dropped: Counter[str] = Counter()
     contradictions: list[str] = []
@@ -111,9 +120,11 @@ def build(db: Path, out: Path) -> None:
             kept[kind] += 1
             probe = {"doc": doc_id, "kind": kind, "prompt": prompt, "answers": [answer]}
             probes.append(probe)
+            rephrased.append({**probe, "prompt": REPHRASED[kind].format(name=name)})
 
     out.mkdir(parents=True, exist_ok=True)
-    for filename, records in (("elements.jsonl", docs), ("probes.jsonl", probes)):
+    files = (("elements.jsonl", docs), ("probes.jsonl", probes), ("probes-rephrased.jsonl", rephrased))
+    for filename, records in files:
         lines = (json.dumps(r, ensure_ascii=False) + "\n" for r in records)
         (out / filename).write_text("".join(lines), encoding="utf-8")
 

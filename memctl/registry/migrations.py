@@ -84,7 +84,34 @@ def _m001_initial(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m001_initial]
+def _m002_prompts(db: sqlite_utils.Database) -> None:
+    """Self-study prompts about windows, with their route and cached teacher distributions."""
+    db["prompts"].create(
+        {
+            "id": int,
+            "window_id": int,
+            "doc_id": str,
+            "kind": str,  # cloze | paraphrase
+            "text": str,
+            "answer": str,
+            "path": str,  # the prompt's own route, comma-separated
+            "l1": int,
+            "held_out": int,  # 1: never trained on, scored while training
+            "ids": bytes,  # int32 tokens of prompt + answer (the student's input)
+            "n_prompt": int,  # how many of those tokens are the prompt
+            "topk_idx": bytes,  # int32 (answer tokens, k): the teacher's top-k next tokens
+            "topk_logp": bytes,  # float32 (answer tokens, k): their log-probabilities
+        },
+        pk="id",
+        foreign_keys=[("window_id", "windows", "id"), ("doc_id", "documents", "id")],
+    )
+    db["prompts"].create_index(["window_id"])
+    db["prompts"].create_index(["doc_id"])
+    db["prompts"].create_index(["l1"])
+    db["windows"].add_column("prompted", int, not_null_default=0)
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m001_initial, _m002_prompts]
 
 
 def migrate(db: sqlite_utils.Database) -> int:

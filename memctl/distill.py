@@ -1,0 +1,249 @@
+"""Self-study with context distillation (Cartridges, 2025), routed the way inference routes.
+
+Teacher: the frozen anchor with the window in its context (open book). Student: the anchor with
+the memories of a route and no window. For every prompt about a window (memctl.prompts) the
+student learns the teacher's next-token distributions over the answer tokens. Because the anchor
+is frozen, the teacher's top-k distributions are computed once and cached in the registry; every
+later epoch costs one student pass. The window's KV cache is computed once and shared by all of
+its prompts.
+
+Every prompt is routed from its own embedding, as a question will be at inference, so the block
+that will be fetched for it is the one that learns its answer; where that route differs from the
+window's, both paths are trained.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .anchor import Anchor
+from .embed import get_embedder
+from .prefix import _hidden, suffix_logits
+from .prompts import prompts_for
+from .registry import Registry
+from .tree import route
+
+TOPK = 16
+HELD_OUT_EVERY = 10  # one prompt in ten is held out for scoring
+MAX_ANSWER_TOKENS = 8
+TEACHER_SEPARATOR = "\n\n"
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class PrepareReport:
+    prompts_added: int
+    prompts_total: int
+    route_differs_leaf: float  # share of prompts routed to another leaf than their window
+    route_differs_l1: float
+    teacher_seconds: float
+
+
+def _held_out(window_id: int, text: str) -> int:
+    h = hashlib.blake2b(f"{window_id}:{text}".encode(), digest_size=4).digest()
+    return int(int.from_bytes(h, "little") % HELD_OUT_EVERY == 0)
+
+
+def generate_prompts(reg: Registry, progress: Progress | None = None) -> int:
+    """Prompts for every window that has none yet, routed by their own embedding. Returns how many."""
+    rows = list(
+        reg.db.query(
+            "select w.id, w.doc_id, w.text, d.title from windows w join documents d on d.id = w.doc_id "
+            "where w.prompted = 0 order by w.id"
+        )
+    )
+    if not rows:
+        return 0
+    made: list[dict[str, Any]] = []
+    for r in rows:
+        for p in prompts_for(r["text"], r["title"] or ""):
+            made.append(
+                {
+                    "window_id": r["id"],
+                    "doc_id": r["doc_id"],
+                    "kind": p.kind,
+                    "text": p.text,
+                    "answer": p.answer,
+                    "held_out": _held_out(r["id"], p.text),
+                }
+            )
+    if made:
+        emb = get_embedder(reg.config.embedder).encode([m["text"] for m in made], progress=progress)
+        routes = route(reg.load_tree(), emb)
+        for m, path in zip(made, routes, strict=True):
+            m["path"] = ",".join(map(str, path))
+            m["l1"] = int(path[0])
+    with reg.db.atomic():
+        reg.db["prompts"].insert_all(made, batch_size=1000)
+        reg.db.execute("update windows set prompted = 1 where prompted = 0")
+    return len(made)
+
+
+def _answer_ids(tok: Any, answer: str) -> list[int]:
+    return tok(" " + answer, add_special_tokens=False)["input_ids"][:MAX_ANSWER_TOKENS]
+
+
+@torch.no_grad()
+def cache_teacher(reg: Registry, anchor: Anchor, progress: Progress | None = None, batch: int = 16) -> float:
+    """Top-k teacher distributions for every prompt that has none. Returns seconds spent."""
+    t0 = time.perf_counter()
+    tok, model = anchor.tokenizer, anchor.model
+    todo = list(
+        reg.db.query(
+            "select p.id, p.window_id, p.text, p.answer, w.text as window from prompts p "
+            "join windows w on w.id = p.window_id where p.topk_idx is null order by p.window_id, p.id"
+        )
+    )
+    by_window: dict[int, list[dict[str, Any]]] = {}
+    for r in todo:
+        by_window.setdefault(r["window_id"], []).append(r)
+    done = 0
+    pad = tok.pad_token_id
+    for prompts in by_window.values():
+        w_ids = tok(prompts[0]["window"] + TEACHER_SEPARATOR, add_special_tokens=False, return_tensors="pt")
+        cache = model(input_ids=w_ids["input_ids"], use_cache=True).past_key_values  # the window, once
+        n_w = w_ids["input_ids"].shape[1]
+        updates = []
+        for s in range(0, len(prompts), batch):
+            chunk = prompts[s : s + batch]
+            seqs, n_prompt = [], []
+            for r in chunk:
+                p_ids = tok(r["text"], add_special_tokens=False)["input_ids"]
+                seqs.append(p_ids + _answer_ids(tok, r["answer"]))
+                n_prompt.append(len(p_ids))
+            t = max(len(x) for x in seqs)
+            ids = torch.full((len(seqs), t), pad, dtype=torch.long)
+            mask = torch.zeros((len(seqs), n_w + t), dtype=torch.long)
+            mask[:, :n_w] = 1
+            for i, x in enumerate(seqs):
+                ids[i, : len(x)] = torch.tensor(x)
+                mask[i, n_w : n_w + len(x)] = 1
+            c = copy.deepcopy(cache)
+            c.batch_repeat_interleave(len(seqs))
+            logp = F.log_softmax(
+                model(input_ids=ids, attention_mask=mask, past_key_values=c, use_cache=True).logits.float(), -1
+            )  # (B, T, V)
+            for i, (r, x, n_p) in enumerate(zip(chunk, seqs, n_prompt, strict=True)):
+                pos = torch.arange(n_p - 1, len(x) - 1)  # positions that predict the answer tokens
+                top = logp[i, pos].topk(TOPK, dim=-1)
+                updates.append(
+                    (
+                        r["id"],
+                        np.asarray(x, np.int32).tobytes(),
+                        n_p,
+                        top.indices.to(torch.int32).numpy().tobytes(),
+                        top.values.numpy().astype(np.float32).tobytes(),
+                    )
+                )
+            done += len(chunk)
+            if progress:
+                progress("teacher", done, len(todo))
+        with reg.db.atomic():
+            reg.db.conn.executemany(
+                "update prompts set ids = ?, n_prompt = ?, topk_idx = ?, topk_logp = ? where id = ?",
+                [(x, n_p, ti, tl, pid) for pid, x, n_p, ti, tl in updates],
+            )
+    return time.perf_counter() - t0
+
+
+def prepare(reg: Registry, anchor: Anchor, progress: Progress | None = None) -> PrepareReport:
+    added = generate_prompts(reg, progress)
+    seconds = cache_teacher(reg, anchor, progress)
+    total = reg.count("prompts")
+    row = reg.db.execute(
+        "select avg(p.path != w.path), avg(p.l1 != w.l1) from prompts p join windows w on w.id = p.window_id"
+    ).fetchone()
+    return PrepareReport(added, total, float(row[0] or 0.0), float(row[1] or 0.0), seconds)
+
+
+def kd_loss(
+    model: Any,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    positions: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_logp: torch.Tensor,
+    states: torch.Tensor | None = None,
+    start: int = 0,
+    split_head: bool = True,
+) -> torch.Tensor:
+    """Cross-entropy of the student against the teacher's renormalised top-k distribution
+    (= KL up to the teacher's entropy). positions (N, 2) = (row, t); topk_* (N, k)."""
+    if split_head:
+        h = _hidden(model, ids, mask, states, start)  # (B, T, d)
+        logits = model.get_output_embeddings()(h[positions[:, 0], positions[:, 1]])  # (N, V)
+    elif states is None:
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[positions[:, 0], positions[:, 1]]
+    else:
+        logits = suffix_logits(model, states, mask, start)[positions[:, 0], positions[:, 1]]
+    logp_s = F.log_softmax(logits.float(), -1).gather(1, topk_idx)  # (N, k)
+    p_t = F.softmax(topk_logp, -1)
+    return -(p_t * logp_s).sum(-1).mean()
+
+
+@dataclass
+class HeldOut:
+    prompts: list[str]
+    answers: list[str]
+    paths: list[tuple[int, ...]]
+
+
+def heldout_prompts(reg: Registry, unit: str, limit: int = 64) -> HeldOut | None:
+    """Held-out prompts a unit answers at inference: those whose own route lies in the unit."""
+    sql = "select text, answer, path from prompts where held_out = 1"
+    rows = list(
+        reg.db.query(
+            sql + ("" if unit == "generic" else " and l1 = ?") + " order by id",
+            [] if unit == "generic" else [int(unit)],
+        )
+    )[:limit]
+    if not rows:
+        return None
+    return HeldOut(
+        [r["text"] for r in rows],
+        [r["answer"] for r in rows],
+        [tuple(int(v) for v in r["path"].split(",")) for r in rows],
+    )
+
+
+@torch.no_grad()
+def heldout_accuracy(anchor: Anchor, handle: Any, unit: Any, params: Any, held: HeldOut, batch: int = 16) -> float:
+    """Share of held-out prompts whose answer the unit's current blocks produce (8 greedy tokens)."""
+    from .evaluate import PROBE_TOKENS, is_correct
+
+    tok = anchor.tokenizer
+    side, tok.padding_side = tok.padding_side, "left"
+    correct = 0
+    try:
+        for s in range(0, len(held.prompts), batch):
+            texts = held.prompts[s : s + batch]
+            paths = held.paths[s : s + batch]
+            local = [
+                torch.tensor([0 if level == 0 else p[level - 1] - first for p in paths], dtype=torch.long)
+                for level, first, _n in unit.levels
+            ]
+            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+            with handle.using(params.fetched(local)):
+                out = anchor.model.generate(
+                    **enc,
+                    max_new_tokens=PROBE_TOKENS,
+                    do_sample=False,
+                    pad_token_id=tok.pad_token_id,
+                    temperature=None,
+                    top_p=None,
+                    top_k=None,
+                )
+            answers = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+            correct += sum(is_correct(a, [g]) for a, g in zip(answers, held.answers[s : s + batch], strict=True))
+    finally:
+        tok.padding_side = side
+    return correct / len(held.prompts)

@@ -1,0 +1,122 @@
+"""Self-study prompts and context distillation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from memctl.anchor import attach, load_anchor
+from memctl.bank import ingest
+from memctl.batches import kd_targets, prompt_samples
+from memctl.distill import TEACHER_SEPARATOR, TOPK, kd_loss, prepare
+from memctl.memory import Fetched, LevelFetch
+from memctl.prompts import prompts_for
+from memctl.registry import Registry
+from memctl.train import train
+
+TEXT = (
+    "Helium (symbol He) is the chemical element with atomic number 2.\n\n"
+    "It is a light noble gas. Discovered by Pierre Janssen in 1868.\n\n"
+    "Helium was discovered by William Ramsay in 1895 (England)."
+)
+
+
+def test_cloze_prompts_make_the_subject_explicit_and_stop_before_the_span() -> None:
+    ps = {(p.kind, p.text, p.answer) for p in prompts_for(TEXT, "Helium")}
+    assert ("cloze", "Helium (symbol He) is the chemical element with atomic number", "2") in ps
+    assert ("paraphrase", "The atomic number of Helium is", "2") in ps
+    assert ("cloze", "Helium was discovered by Pierre Janssen in", "1868") in ps  # bare participle
+    assert ("cloze", "Helium was discovered by William Ramsay in", "1895") in ps
+    assert ("paraphrase", "Helium was discovered in", "1895") not in ps  # the window gives 1868 and 1895
+    assert not any(t == "Helium was discovered by" for _k, t, _a in ps)  # Janssen or Ramsay: ambiguous
+    assert ("paraphrase", "Iron was discovered in", "1500") in {
+        (p.kind, p.text, p.answer) for p in prompts_for("Iron was discovered by Ann Bee in 1500.", "Iron")
+    }  # agent deleted
+    for _kind, text, answer in ps:
+        assert answer not in text and text == text.strip()
+
+
+def _prepared(home: Path, corpus: Path, anchor_dir: Path) -> tuple[Registry, object]:
+    ingest("d", [corpus], anchor=str(anchor_dir), embedder="hash", tree=(2, 2), home=home)
+    reg = Registry.open("d", home)
+    anchor = load_anchor(str(anchor_dir), home)
+    report = prepare(reg, anchor)
+    assert report.prompts_total > 0 and 0.0 <= report.route_differs_leaf <= 1.0
+    return reg, anchor
+
+
+def test_prompts_keep_provenance_and_leave_with_their_document(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    reg, _ = _prepared(home, corpus, tiny_anchor)
+    rows = list(
+        reg.db.query(
+            "select p.doc_id, w.doc_id as wdoc, p.text, w.text as wtext, p.answer from prompts p "
+            "join windows w on w.id = p.window_id"
+        )
+    )
+    assert rows and all(r["doc_id"] == r["wdoc"] for r in rows)
+    assert all(r["answer"] in r["wtext"] for r in rows)
+    doc = rows[0]["doc_id"]
+    reg.remove_documents([doc])
+    assert reg.db.execute("select count(*) from prompts where doc_id = ?", [doc]).fetchone()[0] == 0
+    assert reg.db.execute("select count(*) from windows where doc_id = ?", [doc]).fetchone()[0] == 0
+    assert reg.db.execute("select count(*) from prompts").fetchone()[0] > 0
+
+
+def test_cached_teacher_matches_a_fresh_open_book_pass(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    reg, anchor = _prepared(home, corpus, tiny_anchor)
+    tok, model = anchor.tokenizer, anchor.model
+    rows = list(
+        reg.db.query(
+            "select p.ids, p.n_prompt, p.topk_idx, p.topk_logp, w.text from prompts p "
+            "join windows w on w.id = p.window_id order by p.id limit 5"
+        )
+    )
+    for r in rows:
+        ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
+        w = tok(r["text"] + TEACHER_SEPARATOR, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logp = F.log_softmax(model(torch.tensor([w + ids])).logits[0].float(), -1)
+        pos = torch.arange(len(w) + r["n_prompt"] - 1, len(w) + len(ids) - 1)
+        top = logp[pos].topk(TOPK, dim=-1)
+        n = len(ids) - r["n_prompt"]
+        cached_idx = np.frombuffer(r["topk_idx"], dtype=np.int32).reshape(n, TOPK)
+        cached_logp = np.frombuffer(r["topk_logp"], dtype=np.float32).reshape(n, TOPK)
+        assert np.array_equal(cached_idx, top.indices.numpy())
+        assert np.allclose(cached_logp, top.values.numpy(), atol=1e-4)
+
+
+def test_kd_gradient_reaches_only_the_prompt_path(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    reg, anchor = _prepared(home, corpus, tiny_anchor)
+    samples = [s for s in prompt_samples(reg, "0")][:3]
+    assert samples
+    n, d = anchor.n_layers, anchor.hidden
+    handle = attach(anchor.model, tuple(range(n)))
+    g = torch.Generator().manual_seed(0)
+    level2 = {p: (torch.randn(2, n, 4, d, generator=g) * 0.1).requires_grad_(True) for p in ("gate", "up", "down")}
+    ids = torch.full((len(samples), max(len(s.ids) for s in samples)), anchor.tokenizer.pad_token_id)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(samples):
+        ids[i, : len(s.ids)] = torch.tensor(s.ids)
+        mask[i, : len(s.ids)] = 1
+    local = torch.tensor([s.path[1] % 2 for s in samples])  # unit 0 owns level-2 nodes 0 and 1
+    pos, idx, logp = kd_targets(samples)
+    with handle.using(Fetched([LevelFetch(level2["gate"], level2["up"], level2["down"], local)], len(samples))):
+        kd_loss(anchor.model, ids, mask, pos, idx, logp).backward()
+    touched = level2["down"].grad.abs().flatten(1).sum(1) > 0
+    assert touched.tolist() == [bool((local == 0).any()), bool((local == 1).any())]
+    assert all(p.grad is None for p in anchor.model.parameters())
+    handle.detach()
+
+
+def test_train_with_distill_and_mix_objectives(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    ingest("m", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    res = train("m", {"epochs": 2, "objective": "distill"}, home=home)
+    assert res.prepare is not None and res.prepare.prompts_total > 0
+    assert res.units and all(u.steps > 0 for u in res.units)
+    reg = Registry.open("m", home)
+    assert reg.db.execute("select count(*) from prompts where topk_idx is null").fetchone()[0] == 0
+    mix = train("m", {"epochs": 1, "objective": "mix"}, retrain=True, home=home)
+    assert mix.units and mix.prepare is not None and mix.prepare.prompts_added == 0  # prompts are reused
