@@ -62,9 +62,9 @@ def prompt_samples(reg: Registry, unit: str) -> list[Sample]:
     out = []
     for r in reg.db.query(sql + " order by p.id"):
         ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
-        n_ans = len(ids) - r["n_prompt"]
-        idx = torch.from_numpy(np.frombuffer(r["topk_idx"], dtype=np.int32).reshape(n_ans, -1).astype(np.int64))
-        logp = torch.from_numpy(np.frombuffer(r["topk_logp"], dtype=np.float32).reshape(n_ans, -1).copy())
+        n_pos = len(ids) - r["n_prompt"] + 1  # each answer token, and the token after the answer
+        idx = torch.from_numpy(np.frombuffer(r["topk_idx"], dtype=np.int32).reshape(n_pos, -1).astype(np.int64))
+        logp = torch.from_numpy(np.frombuffer(r["topk_logp"], dtype=np.float32).reshape(n_pos, -1).copy())
         paths = (
             [_path(r["path"])]
             if unit == GENERIC
@@ -120,7 +120,8 @@ def collate(batch: list[Sample], pad_id: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 def kd_targets(batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(N, 2) (row, position) pairs that predict answer tokens, and the teacher's (N, k) top-k."""
+    """(N, 2) (row, position) pairs that predict the answer tokens and the token after the answer,
+    and the teacher's (N, k) top-k there."""
     pos, idx, logp = [], [], []
     for row, s in enumerate(batch):
         assert s.topk_idx is not None and s.topk_logp is not None

@@ -168,11 +168,11 @@ def train(
         str | None,
         typer.Option(
             help="lm: next-token on windows; distill: match the open-book anchor on prompts about "
-            "each window; mix: both (default lm)."
+            "each window; mix: both (default distill)."
         ),
     ] = None,
     patience: Annotated[
-        int | None, typer.Option(help="Stop a unit after this many epochs without held-out gain.")
+        int | None, typer.Option(help="Stop a unit after this many epochs without held-out gain (default 3).")
     ] = None,
     subtree: Annotated[int | None, typer.Option(help="Train only this level-1 subtree (an isolated unit).")] = None,
     retrain: Annotated[bool, typer.Option(help="Retrain units that are already trained.")] = False,

@@ -133,7 +133,8 @@ def cache_teacher(reg: Registry, anchor: Anchor, progress: Progress | None = Non
                 model(input_ids=ids, attention_mask=mask, past_key_values=c, use_cache=True).logits.float(), -1
             )  # (B, T, V)
             for i, (r, x, n_p) in enumerate(zip(chunk, seqs, n_prompt, strict=True)):
-                pos = torch.arange(n_p - 1, len(x) - 1)  # positions that predict the answer tokens
+                # positions that predict each answer token, and the one after it (where the answer ends)
+                pos = torch.arange(n_p - 1, len(x))
                 top = logp[i, pos].topk(TOPK, dim=-1)
                 updates.append(
                     (

@@ -79,9 +79,9 @@ def test_cached_teacher_matches_a_fresh_open_book_pass(home: Path, corpus: Path,
         w = tok(r["text"] + TEACHER_SEPARATOR, add_special_tokens=False)["input_ids"]
         with torch.no_grad():
             logp = F.log_softmax(model(torch.tensor([w + ids])).logits[0].float(), -1)
-        pos = torch.arange(len(w) + r["n_prompt"] - 1, len(w) + len(ids) - 1)
+        pos = torch.arange(len(w) + r["n_prompt"] - 1, len(w) + len(ids))  # answer tokens + the one after
         top = logp[pos].topk(TOPK, dim=-1)
-        n = len(ids) - r["n_prompt"]
+        n = len(ids) - r["n_prompt"] + 1
         cached_idx = np.frombuffer(r["topk_idx"], dtype=np.int32).reshape(n, TOPK)
         cached_logp = np.frombuffer(r["topk_logp"], dtype=np.float32).reshape(n, TOPK)
         assert np.array_equal(cached_idx, top.indices.numpy())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from memctl.anchor import attach, load_anchor
@@ -38,12 +39,16 @@ def test_block_adamw_leaves_untouched_blocks_exactly_alone() -> None:
     assert opt.steps[0].tolist() == [0, 3, 0, 0]
 
 
-def test_resumed_training_matches_an_uninterrupted_run(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+@pytest.mark.parametrize("objective", ["lm", "distill", "mix"])
+def test_resumed_training_matches_an_uninterrupted_run(
+    home: Path, corpus: Path, tiny_anchor: Path, objective: str
+) -> None:
+    cfg = {"epochs": 3, "batch_size": 2, "checkpoint_every": 1000, "objective": objective}
     ref = _bank(corpus, tiny_anchor, home, "ref")
-    train("ref", {"epochs": 3, "batch_size": 2, "checkpoint_every": 1000}, home=home)
+    train("ref", cfg, home=home)
     want = _blocks(ref)
     cut = _bank(corpus, tiny_anchor, home, "cut")
-    first = train("cut", {"epochs": 3, "batch_size": 2, "checkpoint_every": 1000}, home=home, max_steps=2)
+    first = train("cut", cfg, home=home, max_steps=2)
     assert first.interrupted and not first.units
     assert list((cut.path / "checkpoints").glob("unit-*.pt"))
     second = train("cut", home=home)
@@ -94,12 +99,12 @@ def test_training_with_prefix_cache_equals_training_without(
     home: Path, corpus: Path, tiny_anchor: Path, monkeypatch
 ) -> None:  # noqa: ANN001
     a = _bank(corpus, tiny_anchor, home, "a", layers="last:2")
-    train("a", {"epochs": 1, "batch_size": 2}, home=home)
+    train("a", {"epochs": 1, "batch_size": 2, "objective": "mix"}, home=home)
     import memctl.train as tr
 
     monkeypatch.setattr(tr, "build_prefix_cache", lambda *args, **kw: None)
     b = _bank(corpus, tiny_anchor, home, "b", layers="last:2")
-    train("b", {"epochs": 1, "batch_size": 2}, home=home)
+    train("b", {"epochs": 1, "batch_size": 2, "objective": "mix"}, home=home)
     ba, bb = _blocks(a), _blocks(b)
     assert set(ba) == set(bb)
     for k in ba:

@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("--lr", default="1e-2")
     ap.add_argument("--batch-size", default="4")
     ap.add_argument("--memory-layers", default="last:10")
+    ap.add_argument("--objective", default=None, help="lm, distill or mix (default: memctl's default)")
     ap.add_argument("--limit", default=None, help="evaluate a sample of N probes")
     a = ap.parse_args()
     out = Path(a.out)

@@ -99,8 +99,8 @@ def _m002_prompts(db: sqlite_utils.Database) -> None:
             "held_out": int,  # 1: never trained on, scored while training
             "ids": bytes,  # int32 tokens of prompt + answer (the student's input)
             "n_prompt": int,  # how many of those tokens are the prompt
-            "topk_idx": bytes,  # int32 (answer tokens, k): the teacher's top-k next tokens
-            "topk_logp": bytes,  # float32 (answer tokens, k): their log-probabilities
+            "topk_idx": bytes,  # int32 (answer tokens + 1, k): the teacher's top-k next tokens
+            "topk_logp": bytes,  # float32 (answer tokens + 1, k): their log-probabilities
         },
         pk="id",
         foreign_keys=[("window_id", "windows", "id"), ("doc_id", "documents", "id")],
