@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from .anchor import Anchor
 from .config import TrainConfig
 from .distill import kd_loss
-from .prefix import CACHE_BYTES, masked_lm_loss, prefix_states, suffix_logits, suffix_matches
+from .prefix import CACHE_BYTES, logits_at, prefix_states, suffix_matches
 from .registry import Registry
 from .units import GENERIC
 
@@ -157,17 +157,10 @@ def lm_loss(
     start: int = 0,
     split_head: bool = False,
 ) -> torch.Tensor:
-    """Mean next-token loss; with `states` (B, T, d) only layers[start:] and the head run; with
-    `split_head` the head runs on labelled positions only (see prefix.masked_lm_loss)."""
-    if split_head:
-        return masked_lm_loss(model, ids, mask, labels, states, start)
-    if states is None:
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (B, T, V)
-    else:
-        logits = suffix_logits(model, states, mask, start)
-    return F.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100
-    )
+    """Mean next-token cross-entropy over the labelled positions (see prefix.logits_at)."""
+    rows, cols = (labels[:, 1:] != -100).nonzero(as_tuple=True)  # position t predicts token t+1
+    logits = logits_at(model, ids, mask, rows, cols, states, start, split_head)  # (N, V)
+    return F.cross_entropy(logits.float(), labels[rows, cols + 1])
 
 
 def build_prefix_cache(

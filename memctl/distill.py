@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from .anchor import Anchor
 from .embed import get_embedder
-from .prefix import _hidden, suffix_logits
+from .prefix import logits_at
 from .prompts import prompts_for
 from .registry import Registry
 from .tree import route
@@ -179,13 +179,7 @@ def kd_loss(
 ) -> torch.Tensor:
     """Cross-entropy of the student against the teacher's renormalised top-k distribution
     (= KL up to the teacher's entropy). positions (N, 2) = (row, t); topk_* (N, k)."""
-    if split_head:
-        h = _hidden(model, ids, mask, states, start)  # (B, T, d)
-        logits = model.get_output_embeddings()(h[positions[:, 0], positions[:, 1]])  # (N, V)
-    elif states is None:
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[positions[:, 0], positions[:, 1]]
-    else:
-        logits = suffix_logits(model, states, mask, start)[positions[:, 0], positions[:, 1]]
+    logits = logits_at(model, ids, mask, positions[:, 0], positions[:, 1], states, start, split_head)  # (N, V)
     logp_s = F.log_softmax(logits.float(), -1).gather(1, topk_idx)  # (N, k)
     p_t = F.softmax(topk_logp, -1)
     return -(p_t * logp_s).sum(-1).mean()
@@ -216,35 +210,14 @@ def heldout_prompts(reg: Registry, unit: str, limit: int = 64) -> HeldOut | None
     )
 
 
-@torch.no_grad()
 def heldout_accuracy(anchor: Anchor, handle: Any, unit: Any, params: Any, held: HeldOut, batch: int = 16) -> float:
     """Share of held-out prompts whose answer the unit's current blocks produce (8 greedy tokens)."""
     from .evaluate import PROBE_TOKENS, is_correct
+    from .serve import greedy
 
-    tok = anchor.tokenizer
-    side, tok.padding_side = tok.padding_side, "left"
     correct = 0
-    try:
-        for s in range(0, len(held.prompts), batch):
-            texts = held.prompts[s : s + batch]
-            paths = held.paths[s : s + batch]
-            local = [
-                torch.tensor([0 if level == 0 else p[level - 1] - first for p in paths], dtype=torch.long)
-                for level, first, _n in unit.levels
-            ]
-            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-            with handle.using(params.fetched(local)):
-                out = anchor.model.generate(
-                    **enc,
-                    max_new_tokens=PROBE_TOKENS,
-                    do_sample=False,
-                    pad_token_id=tok.pad_token_id,
-                    temperature=None,
-                    top_p=None,
-                    top_k=None,
-                )
-            answers = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-            correct += sum(is_correct(a, [g]) for a, g in zip(answers, held.answers[s : s + batch], strict=True))
-    finally:
-        tok.padding_side = side
+    for s in range(0, len(held.prompts), batch):
+        fetched = params.fetched(unit.local_index(held.paths[s : s + batch]))
+        answers = greedy(anchor, handle, held.prompts[s : s + batch], fetched, PROBE_TOKENS)
+        correct += sum(is_correct(a, [g]) for a, g in zip(answers, held.answers[s : s + batch], strict=True))
     return correct / len(held.prompts)

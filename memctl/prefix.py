@@ -6,8 +6,8 @@ never changes, so it is computed once and reused every epoch. Training then runs
 head only. `suffix_forward` checks itself against the full model once and refuses to be used for an
 architecture where the two disagree (e.g. one that rescales inputs_embeds).
 
-The vocabulary head is the largest matmul of a small model (49k x 576 for SmolLM2): `masked_lm_loss`
-applies it to the positions that have a label only, instead of to every padded position. It too is
+The vocabulary head is the largest matmul of a small model (49k x 576 for SmolLM2): `logits_at`
+applies it to the positions a loss needs only, instead of to every padded position. It too is
 checked against the model's own logits before use (a model may scale or soft-cap its logits).
 """
 
@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .anchor import decoder_layers_any
@@ -93,20 +92,26 @@ def _hidden(model: Any, ids: torch.Tensor, mask: torch.Tensor, states: torch.Ten
         return base(inputs_embeds=states, attention_mask=mask, use_cache=False).last_hidden_state
 
 
-def masked_lm_loss(
+def logits_at(
     model: Any,
     ids: torch.Tensor,
     mask: torch.Tensor,
-    labels: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
     states: torch.Tensor | None = None,
     start: int = 0,
+    split_head: bool = True,
 ) -> torch.Tensor:
-    """Mean next-token cross-entropy over labelled positions, the head applied to those rows only."""
-    h = _hidden(model, ids, mask, states, start)[:, :-1]  # (B, T-1, d)
-    target = labels[:, 1:]
-    keep = target != -100
-    logits = model.get_output_embeddings()(h[keep])  # (N, V)
-    return F.cross_entropy(logits.float(), target[keep])
+    """Logits (N, V) at positions (rows[i], cols[i]) only. With `split_head` the vocabulary head runs
+    on those rows alone; with `states` (B, T, d) only layers[start:] run (the prefix is cached)."""
+    if split_head:
+        h = _hidden(model, ids, mask, states, start)  # (B, T, d)
+        return model.get_output_embeddings()(h[rows, cols])
+    if states is None:
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (B, T, V)
+    else:
+        logits = suffix_logits(model, states, mask, start)
+    return logits[rows, cols]
 
 
 @torch.no_grad()

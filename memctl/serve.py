@@ -33,6 +33,30 @@ class Answer:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+@torch.no_grad()
+def greedy(
+    anchor: Anchor, handle: MemoryHandle, texts: Sequence[str], fetched: Fetched | None, max_new_tokens: int
+) -> list[str]:
+    """Greedy continuations of a left-padded batch; row i uses the blocks `fetched` gives row i."""
+    tok = anchor.tokenizer
+    side, tok.padding_side = tok.padding_side, "left"
+    try:
+        enc = tok(list(texts), return_tensors="pt", padding=True, add_special_tokens=False)
+    finally:
+        tok.padding_side = side
+    with handle.using(fetched):
+        out = anchor.model.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+        )
+    return tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
 class BankSession:
     """A bank attached to its loaded anchor: the Python API behind ask, eval and chat."""
 
@@ -48,7 +72,6 @@ class BankSession:
         self.tree: Tree = self.reg.load_tree()
         self.store = BlockStore(self.reg)
         self.handle: MemoryHandle = attach(self.anchor.model, self.cfg.memory.layers)
-        self.anchor.tokenizer.padding_side = "left"
 
     def close(self) -> None:
         self.handle.detach()
@@ -104,21 +127,9 @@ class BankSession:
         t1 = time.perf_counter()
         fetched = self.fetch(mode, paths, len(prompts))
         t_fetch = time.perf_counter() - t1
-        tok = self.anchor.tokenizer
-        enc = tok(self.encode_prompts(prompts, chat), return_tensors="pt", padding=True, add_special_tokens=False)
         t2 = time.perf_counter()
-        with self.handle.using(fetched):
-            out = self.anchor.model.generate(
-                **enc,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=tok.pad_token_id,
-                temperature=None,
-                top_p=None,
-                top_k=None,
-            )
+        texts = greedy(self.anchor, self.handle, self.encode_prompts(prompts, chat), fetched, max_new_tokens)
         t_gen = time.perf_counter() - t2
-        texts = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         answers = []
         for i, (p, t) in enumerate(zip(prompts, texts, strict=True)):
             path = [int(v) for v in paths[i]] if paths is not None and mode == "fetched" else None

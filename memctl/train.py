@@ -168,10 +168,7 @@ def train_unit(
         epoch, batch_idx = flat_batches[step]
         batch = [samples[i] for i in batch_idx]
         ids, mask, labels = collate(batch, pad)
-        local = [
-            torch.tensor([0 if level == 0 else s.path[level - 1] - first for s in batch], dtype=torch.long)
-            for level, first, _n in unit.levels
-        ]
+        local = unit.local_index([s.path for s in batch])
         opt.lr = lr_at(step, total, tcfg.lr, tcfg.warmup, tcfg.min_lr_ratio)
         states = None
         if start > 0 and batch[0].states is not None:
@@ -194,8 +191,12 @@ def train_unit(
         epoch_done = step == total or flat_batches[step][0] != epoch
         if epoch_done and heldout:
             scores.append(heldout_accuracy(anchor, handle, unit, params, heldout))
-            stopped_early = (step < total and len(heldout.prompts) >= MIN_HELDOUT_FOR_STOP
-                             and len(scores) >= (tcfg.epochs + 1) // 2 and _plateaued(scores, tcfg.patience))
+            stopped_early = (
+                step < total
+                and len(heldout.prompts) >= MIN_HELDOUT_FOR_STOP
+                and len(scores) >= (tcfg.epochs + 1) // 2
+                and _plateaued(scores, tcfg.patience)
+            )
         if progress:
             el = time.perf_counter() - t_start
             progress(

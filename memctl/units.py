@@ -20,8 +20,12 @@ class Unit:
     name: str  # level-1 node index as text, or "generic"
     levels: list[tuple[int, int, int]]  # (level, first node index, n blocks) owned by this unit
 
-    def local(self, level_pos: int, node: int) -> int:
-        return node - self.levels[level_pos][1]
+    def local_index(self, paths: list[tuple[int, ...]]) -> list[torch.Tensor]:
+        """Per level of the unit, (B,) indices of each path's block among the unit's own blocks."""
+        return [
+            torch.tensor([0 if level == 0 else p[level - 1] - first for p in paths], dtype=torch.long)
+            for level, first, _n in self.levels
+        ]
 
 
 def unit_of(cfg: BankConfig, name: str) -> Unit:

@@ -113,7 +113,7 @@ def test_training_with_prefix_cache_equals_training_without(
 
 def test_head_on_labelled_positions_only_gives_the_same_loss(home: Path, corpus: Path, tiny_anchor: Path) -> None:
     from memctl.batches import lm_loss
-    from memctl.prefix import head_split_matches, masked_lm_loss
+    from memctl.prefix import head_split_matches
 
     reg = _bank(corpus, tiny_anchor, home, layers="last:2")
     anchor = load_anchor(str(tiny_anchor), home)
@@ -124,8 +124,13 @@ def test_head_on_labelled_positions_only_gives_the_same_loss(home: Path, corpus:
     start = reg.config.memory.layers[0]
     states = prefix_states(anchor.model, ids, mask, start)
     with torch.no_grad():
+        logits = anchor.model(input_ids=ids, attention_mask=mask).logits
+        reference = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+        )
         full = lm_loss(anchor.model, ids, mask, labels)
-        split = masked_lm_loss(anchor.model, ids, mask, labels)
-        split_cached = masked_lm_loss(anchor.model, ids, mask, labels, states, start)
+        split = lm_loss(anchor.model, ids, mask, labels, split_head=True)
+        split_cached = lm_loss(anchor.model, ids, mask, labels, states, start, split_head=True)
+        torch.testing.assert_close(full, reference)
     torch.testing.assert_close(full, split)
     torch.testing.assert_close(full, split_cached)
