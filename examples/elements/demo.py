@@ -75,37 +75,39 @@ def main() -> None:
         times,
     )
     step("info", memctl + ["info", "--bank", "elements"], env, times)
-    step(
-        "train",
-        memctl + ["train", "--bank", "elements", "--epochs", a.epochs, "--lr", a.lr, "--batch-size", a.batch_size],
-        env,
-        times,
-    )
+    objective = ["--objective", a.objective] if a.objective else []
+    train_args = ["train", "--bank", "elements", "--epochs", a.epochs, "--lr", a.lr, "--batch-size", a.batch_size]
+    step("train", memctl + train_args + objective, env, times)
     extra = ["--limit", a.limit] if a.limit else []
-    raw = step(
-        "evaluate",
-        memctl + ["eval", "--bank", "elements", "--probes", str(out / "data/probes.jsonl"), "--json", *extra],
-        env,
-        times,
-        capture=True,
-    )
+    results = {}
+    for name, probes, setups in (
+        ("evaluate", "probes.jsonl", "anchor,generic,fetched"),
+        ("evaluate rephrased", "probes-rephrased.jsonl", "anchor,fetched"),
+    ):
+        args = ["eval", "--bank", "elements", "--probes", str(out / "data" / probes), "--setups", setups, "--json"]
+        raw = step(name, memctl + args + extra, env, times, capture=True)
+        results[name] = {r["setup"]: r for r in json.loads(raw)["results"]}
     total = time.perf_counter() - t0
-    res = {r["setup"]: r for r in json.loads(raw)["results"]}
-    (out / "results.json").write_text(json.dumps({"results": res, "seconds": times, "total_seconds": total}, indent=2))
+    res, res2 = results["evaluate"], results["evaluate rephrased"]
+    summary = {"results": res, "rephrased": res2, "seconds": times, "total_seconds": total}
+    (out / "results.json").write_text(json.dumps(summary, indent=2))
 
-    table = Table(title=f"elements probes ({res['anchor']['n']}): accuracy with 95% Wilson interval")
-    for col in ("setup", "accuracy", "95% CI", "atomic_number", "discovery_year"):
+    def pct(r: dict) -> str:
+        return f"{100 * r['accuracy']:.1f}% ({100 * r['ci95'][0]:.1f}–{100 * r['ci95'][1]:.1f})"
+
+    table = Table(title=f"elements probes ({res['anchor']['n']}): accuracy (95% Wilson interval)")
+    for col in ("setup", "probes", "atomic_number", "discovery_year", "rephrased probes"):
         table.add_column(col, justify="right")
     for name in ("anchor", "generic", "fetched"):
-        r = res[name]
-        kinds = r["per_kind"]
+        kinds = res[name]["per_kind"]
         table.add_row(
             name,
-            f"{100 * r['accuracy']:.1f}%",
-            f"{100 * r['ci95'][0]:.1f}–{100 * r['ci95'][1]:.1f}%",
+            pct(res[name]),
             *(f"{100 * kinds[k]['accuracy']:.1f}%" if k in kinds else "-" for k in ("atomic_number", "discovery_year")),
+            pct(res2[name]) if name in res2 else "-",
         )
     console.print(table)
+    console.print("rephrased probes: the same facts asked in words that memctl's prompt rules never write")
     steps = Table(title="time per step")
     steps.add_column("step")
     steps.add_column("seconds", justify="right")
