@@ -187,8 +187,6 @@ def ingest(
                 # prompts were routed, and checkpoints trained, on the old tree
                 r.db.execute("delete from prompts")
                 r.db.execute("update windows set prompted = 0")
-                for ckpt in r.checkpoint_dir().glob("unit-*.pt"):
-                    ckpt.unlink()
             stamp = now()
             r.db["documents"].insert_all(
                 [
@@ -238,6 +236,9 @@ def ingest(
                             "update nodes set n_windows = n_windows + ? where level = ? and idx = ?",
                             [int(c), lvl, int(n)],
                         )
+        if reclustered:  # only once the new tree is committed
+            for ckpt in r.checkpoint_dir().glob("unit-*.pt"):
+                ckpt.unlink()
         secs["cluster+write"] = time.perf_counter() - t
         return IngestResult(
             name,

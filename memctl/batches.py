@@ -76,11 +76,15 @@ def prompt_samples(reg: Registry, unit: str) -> list[Sample]:
 
 
 def load_samples(reg: Registry, anchor: Anchor, unit: str, objective: str = "lm") -> list[Sample]:
-    """The unit's samples for an objective: lm = windows, distill = prompts, mix = both."""
-    out = window_samples(reg, anchor, unit) if objective in ("lm", "mix") else []
-    if objective in ("distill", "mix"):
-        out += prompt_samples(reg, unit)
-    return out
+    """The unit's samples for an objective: lm = windows, distill = prompts, mix = both. Under
+    distill, a window that yields no prompt (nothing salient to ask about) is learned next-token."""
+    if objective == "lm":
+        return window_samples(reg, anchor, unit)
+    windows = window_samples(reg, anchor, unit)
+    if objective == "distill":
+        prompted = {f"w{r['window_id']}" for r in reg.db.query("select distinct window_id from prompts")}
+        windows = [w for w in windows if w.key not in prompted]
+    return windows + prompt_samples(reg, unit)
 
 
 def _unit_seed(seed: int, unit: str) -> list[int]:

@@ -120,3 +120,19 @@ def test_train_with_distill_and_mix_objectives(home: Path, corpus: Path, tiny_an
     assert reg.db.execute("select count(*) from prompts where topk_idx is null").fetchone()[0] == 0
     mix = train("m", {"epochs": 1, "objective": "mix"}, retrain=True, home=home)
     assert mix.units and mix.prepare is not None and mix.prepare.prompts_added == 0  # prompts are reused
+
+
+def test_windows_without_prompts_are_still_learned_under_distill(home: Path, tiny_anchor: Path, tmp_path: Path) -> None:
+    from memctl.batches import load_samples
+
+    docs = tmp_path / "plain"
+    docs.mkdir()
+    (docs / "a.txt").write_text("Quiet rivers run slowly through green valleys and old forests.")  # nothing salient
+    (docs / "b.txt").write_text("Iron was discovered by Ann Bee in 1500 near the northern hills.")
+    ingest("p", [docs], anchor=str(tiny_anchor), embedder="hash", tree=(2, 1), home=home)
+    reg = Registry.open("p", home)
+    prepare(reg, load_anchor(str(tiny_anchor), home))
+    anchor = load_anchor(str(tiny_anchor), home)
+    every = [s for u in ("0", "1") for s in load_samples(reg, anchor, u, "distill")]
+    kinds = {(s.doc_id, s.kind) for s in every}
+    assert ("a.txt", "lm") in kinds and ("b.txt", "kd") in kinds and ("b.txt", "lm") not in kinds
