@@ -300,7 +300,6 @@ def train(
         raise BankStateError(f"the anchor at {anchor.path} is not the one bank {name!r} was built on (sha256 differs)")
     torch.manual_seed(tcfg.seed)
     handle = attach(anchor.model, reg.config.memory.layers)
-    reg.set_meta("train_config", dumps(dataclasses.asdict(tcfg)))
     try:
         stage = _stage_progress(progress, len(todo))
         if tcfg.objective == "lm":  # prompts only to score held-out accuracy while training

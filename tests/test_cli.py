@@ -76,17 +76,16 @@ def one_error_line(res) -> str:  # noqa: ANN001
 
 
 @pytest.mark.parametrize(
-    "setup,args,message",
+    "args,message",
     [
-        (None, ["ingest", "{tmp}/missing", "--bank", "b"], "no such file"),
-        ("empty", ["ingest", "{tmp}/empty.txt", "--bank", "b"], "empty"),
-        ("binary", ["ingest", "{tmp}/bin.txt", "--bank", "b"], "binary"),
-        ("latin", ["ingest", "{tmp}/latin.txt", "--bank", "b"], "not UTF-8"),
-        (None, ["info", "--bank", "nobank"], "no bank named"),
-        (None, ["train", "--bank", "nobank"], "no bank named"),
-        (None, ["ask", "hello", "--bank", "nobank"], "no bank named"),
+        (["ingest", "{tmp}/missing", "--bank", "b"], "no such file"),
+        (["ingest", "{tmp}/empty.txt", "--bank", "b"], "empty"),
+        (["ingest", "{tmp}/bin.txt", "--bank", "b"], "binary"),
+        (["ingest", "{tmp}/latin.txt", "--bank", "b"], "not UTF-8"),
+        (["info", "--bank", "nobank"], "no bank named"),
+        (["train", "--bank", "nobank"], "no bank named"),
+        (["ask", "hello", "--bank", "nobank"], "no bank named"),
         (
-            None,
             [
                 "ingest",
                 "{corpus}",
@@ -103,9 +102,8 @@ def one_error_line(res) -> str:  # noqa: ANN001
             ],
             "--ranks has 3 values but the tree has 2 levels",
         ),
-        (None, ["ingest", "{corpus}", "--bank", "b", "--anchor", "{tmp}/no-model", "--embedder", "hash"], "bad anchor"),
+        (["ingest", "{corpus}", "--bank", "b", "--anchor", "{tmp}/no-model", "--embedder", "hash"], "bad anchor"),
         (
-            None,
             [
                 "ingest",
                 "{corpus}",
@@ -120,11 +118,11 @@ def one_error_line(res) -> str:  # noqa: ANN001
             ],
             "last:N",
         ),
-        (None, ["ingest", "{corpus}", "--bank", "b/../x"], "bad bank name"),
+        (["ingest", "{corpus}", "--bank", "b/../x"], "bad bank name"),
     ],
 )
 def test_bad_input_fails_with_one_line_and_leaves_registry_unchanged(
-    home: Path, corpus: Path, tiny_anchor: Path, tmp_path: Path, setup: str | None, args: list[str], message: str
+    home: Path, corpus: Path, tiny_anchor: Path, tmp_path: Path, args: list[str], message: str
 ) -> None:
     (tmp_path / "empty.txt").write_bytes(b"")
     (tmp_path / "bin.txt").write_bytes(b"\x7fELF\x00\x00\x01")

@@ -111,14 +111,6 @@ class Registry:
     def close(self) -> None:
         self.db.close()
 
-    # ---- metadata --------------------------------------------------------------------------
-    def set_meta(self, key: str, value: str) -> None:
-        self.db["meta"].upsert({"key": key, "value": value}, pk="key")
-
-    def get_meta(self, key: str, default: str | None = None) -> str | None:
-        rows = list(self.db.query("select value from meta where key = ?", [key]))
-        return rows[0]["value"] if rows else default
-
     @property
     def bank(self) -> dict[str, Any]:
         """The bank's row: name, created, config JSON, anchor path, sha256, parameters and layers."""

@@ -21,7 +21,6 @@ def _m001_initial(db: sqlite_utils.Database) -> None:
         },
         pk="name",
     )
-    db["meta"].create({"key": str, "value": str}, pk="key")  # other settings, e.g. the last training config
     db["documents"].create(
         {"id": str, "source": str, "title": str, "sha256": str, "n_chars": int, "tags": str, "added": str},
         pk="id",
