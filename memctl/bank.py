@@ -15,6 +15,7 @@ from .config import BankConfig, MemoryConfig, TreeConfig, default_ranks, default
 from .corpus import Document, Window, read_documents, split_windows
 from .embed import get_embedder
 from .errors import BankStateError, InputError
+from .privacy import join_tags, parse_tags, reach_by_level
 from .registry import Registry, block_id, memctl_home, now
 from .tree import build_tree, route
 
@@ -32,6 +33,8 @@ class IngestResult:
     reclustered: bool
     stale_blocks: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    tagged: int = 0  # documents already present that received the given tags
+    references_added: int = 0
 
 
 def _token_counter(anchor: Anchor) -> Callable[[str], int]:
@@ -85,15 +88,27 @@ def ingest(
     anchor: str | None = None,
     embedder: str | None = None,
     seed: int = 0,
+    tags: frozenset[str] = frozenset(),
+    reference: bool = False,
     home: Path | None = None,
     progress: Progress | None = None,
 ) -> IngestResult:
-    """Add documents to bank `name` (created on first use). Nothing is written unless all succeeds."""
+    """Add documents to bank `name` (created on first use). Nothing is written unless all succeeds.
+
+    `tags` label the documents (new ones, and given ones already present) for access rules.
+    `reference=True` stores the documents as never-trained references instead: the 'unseen'
+    baseline that forgetting proofs compare a forgotten document with."""
     home = home or memctl_home()
     t0 = time.perf_counter()
     secs: dict[str, float] = {}
     docs = read_documents(paths, text_field=text_field, id_field=id_field)
     exists = Registry.exists(name, home)
+    if reference:
+        if not exists:
+            raise BankStateError(f"bank {name!r} does not exist; ingest its documents before adding references")
+        if tags:
+            raise InputError("--tag does not apply to --reference documents (they are never trained or served)")
+        return _add_references(Registry.open(name, home), docs)
     reg = Registry.open(name, home) if exists else None
     if reg is not None:
         cfg = reg.config
@@ -119,9 +134,9 @@ def ingest(
     secs["load"] = time.perf_counter() - t0
 
     known = reg.doc_hashes() if reg else {}
-    known_shas = set(known.values())
+    by_sha = {sha: doc_id for doc_id, sha in known.items()}
     new_docs: list[Document] = []
-    skipped = 0
+    present: list[str] = []  # ids of given documents the bank already holds
     for d in docs:
         if d.id in known:
             if known[d.id] != d.sha256:
@@ -129,18 +144,34 @@ def ingest(
                     f"document {d.id!r} is already in bank {name!r} with different text; "
                     "forget it first or give it a new id"
                 )
-            skipped += 1
-        elif d.sha256 in known_shas:
-            skipped += 1  # same content under another id
+            present.append(d.id)
+        elif d.sha256 in by_sha:
+            present.append(by_sha[d.sha256])  # same content under another id
         else:
             new_docs.append(d)
-            known_shas.add(d.sha256)
+            by_sha[d.sha256] = d.id
+    skipped = len(present)
+    if reg is not None and reg.db.execute("select count(*) from reference_docs").fetchone()[0]:
+        refs = {r[0] for r in reg.db.execute("select sha256 from reference_docs")}
+        clash = [d.id for d in new_docs if d.sha256 in refs]
+        if clash:
+            raise InputError(f"document {clash[0]!r} is a reference document of bank {name!r}; references stay unseen")
 
     cfg_tree = reg.config.tree if reg else None
     if not new_docs:
         assert reg is not None
+        with reg.db.atomic():
+            tagged = _add_tags(reg, present, tags)
         return IngestResult(
-            name, False, 0, skipped, 0, (cfg_tree.k, cfg_tree.p) if cfg_tree else (0, 0), False, seconds=secs
+            name,
+            False,
+            0,
+            skipped,
+            0,
+            (cfg_tree.k, cfg_tree.p) if cfg_tree else (0, 0),
+            False,
+            seconds=secs,
+            tagged=tagged,
         )
 
     t = time.perf_counter()
@@ -196,7 +227,7 @@ def ingest(
                         "title": d.title,
                         "sha256": d.sha256,
                         "n_chars": len(d.text),
-                        "tags": "",
+                        "tags": join_tags(tags),
                         "added": stamp,
                     }
                     for d in new_docs
@@ -221,6 +252,7 @@ def ingest(
                 ],
                 batch_size=500,
             )
+            tagged = _add_tags(r, present, tags)
             if created:
                 _create_blocks(r, config)
             if trained:
@@ -250,6 +282,7 @@ def ingest(
             reclustered,
             stale,
             secs,
+            tagged,
         )
 
     if reg is not None:
@@ -266,6 +299,44 @@ def ingest(
     with Registry.create(name, config, anchor_row, home) as new:
         result = write(new, config, created=True)
     return result
+
+
+def _add_tags(reg: Registry, doc_ids: list[str], tags: frozenset[str]) -> int:
+    """Merge `tags` into the tags of documents already in the bank; returns how many changed."""
+    changed = 0
+    if not tags:
+        return 0
+    for doc_id in dict.fromkeys(doc_ids):
+        old = parse_tags(reg.db["documents"].get(doc_id)["tags"] or "")
+        if not tags <= old:
+            reg.db["documents"].update(doc_id, {"tags": join_tags(old | tags)})
+            changed += 1
+    return changed
+
+
+def _add_references(reg: Registry, docs: list[Document]) -> IngestResult:
+    """Store documents as references: kept apart from the corpus, never windowed, trained or served."""
+    known = {r[0]: r[1] for r in reg.db.execute("select id, sha256 from reference_docs")}
+    corpus = set(reg.doc_hashes().values())
+    rows = []
+    for d in docs:
+        if d.sha256 in corpus:
+            raise InputError(
+                f"{d.id!r} is a document of bank {reg.name!r}; a reference must be a document it never saw"
+            )
+        if d.id in known:
+            if known[d.id] != d.sha256:
+                raise InputError(f"reference {d.id!r} is already stored with different text")
+            continue
+        rows.append(
+            {"id": d.id, "source": d.source, "title": d.title, "sha256": d.sha256, "text": d.text, "added": now()}
+        )
+    with reg.db.atomic():
+        reg.db["reference_docs"].insert_all(rows)
+    tree = reg.config.tree
+    return IngestResult(
+        reg.name, False, 0, len(docs) - len(rows), 0, (tree.k, tree.p), False, references_added=len(rows)
+    )
 
 
 def _create_blocks(r: Registry, config: BankConfig) -> None:
@@ -306,8 +377,9 @@ def _create_blocks(r: Registry, config: BankConfig) -> None:
     r.db["blocks"].insert_all(rows, batch_size=1000)
 
 
-def info(name: str, home: Path | None = None) -> dict[str, Any]:
-    """Everything `memctl info` shows, as plain data."""
+def info(name: str, home: Path | None = None, allow: frozenset[str] | None = None) -> dict[str, Any]:
+    """Everything `memctl info` shows, as plain data. With `allow` tags, also how many blocks per
+    level a session with those tags can reach."""
     reg = Registry.open(name, home)
     cfg = reg.config
     row = reg.bank
@@ -364,7 +436,19 @@ def info(name: str, home: Path | None = None) -> dict[str, Any]:
         "generic": {"state": generic["state"] if generic else None, "params": fetched},
         "training": training_state(reg),
         "runs": runs,
+        "access": {"allow": sorted(allow) if allow is not None else None, "levels": reach_by_level(reg, allow)},
+        "tags": _tag_counts(reg),
+        "references": reg.count("reference_docs"),
+        "forget_reports": reg.count("forget_reports"),
     }
+
+
+def _tag_counts(reg: Registry) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for (tags,) in reg.db.execute("select tags from documents"):
+        for t in parse_tags(tags or "") or {"(untagged)"}:
+            counts[t] = counts.get(t, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def training_state(reg: Registry) -> str:

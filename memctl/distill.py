@@ -192,15 +192,20 @@ class HeldOut:
     paths: list[tuple[int, ...]]
 
 
-def heldout_prompts(reg: Registry, unit: str, limit: int = 64) -> HeldOut | None:
-    """Held-out prompts a unit answers at inference: those whose own route lies in the unit."""
-    sql = "select text, answer, path from prompts where held_out = 1"
-    rows = list(
-        reg.db.query(
+def heldout_prompts(
+    reg: Registry, unit: str, limit: int = 64, exclude: frozenset[str] = frozenset()
+) -> HeldOut | None:
+    """Held-out prompts a unit answers at inference: those whose own route lies in the unit
+    (documents in `exclude` left out, as if they had never been ingested)."""
+    sql = "select doc_id, text, answer, path from prompts where held_out = 1"
+    rows = [
+        r
+        for r in reg.db.query(
             sql + ("" if unit == "generic" else " and l1 = ?") + " order by id",
             [] if unit == "generic" else [int(unit)],
         )
-    )[:limit]
+        if r["doc_id"] not in exclude
+    ][:limit]
     if not rows:
         return None
     return HeldOut(

@@ -15,8 +15,8 @@ from .anchor import Anchor, MemoryHandle, attach, load_anchor
 from .embed import Embedder, get_embedder
 from .errors import BankStateError, InputError
 from .memory import Fetched
-from .registry import Registry, memctl_home
-from .store import BlockStore
+from .registry import Registry, block_id, memctl_home
+from .store import DEFAULT_CACHE_MB, BlockStore
 from .tree import Tree, route
 
 Mode = Literal["fetched", "generic", "none"]
@@ -30,6 +30,7 @@ class Answer:
     mode: str
     path: list[int] | None
     blocks: list[str] = field(default_factory=list)
+    withheld: list[str] = field(default_factory=list)  # blocks on the path that are blocked or out of reach
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -60,7 +61,21 @@ def greedy(
 class BankSession:
     """A bank attached to its loaded anchor: the Python API behind ask, eval and chat."""
 
-    def __init__(self, name: str, home: Path | None = None, anchor: Anchor | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        home: Path | None = None,
+        anchor: Anchor | None = None,
+        *,
+        allow: frozenset[str] | None = None,
+        cache_mb: float = DEFAULT_CACHE_MB,
+        pin_levels: int = 1,
+        serve_blocked: bool = False,
+    ) -> None:
+        """Open bank `name` on its anchor. `allow`: access tags (None = the owner: every block that is
+        not blocked); `cache_mb`: byte budget of loaded blocks; `pin_levels`: levels kept loaded."""
+        if cache_mb < 0:
+            raise InputError("--cache-mb must be non-negative")
         self.reg = Registry.open(name, home or memctl_home())
         self.cfg = self.reg.config
         if self.reg.count("windows") == 0:
@@ -70,7 +85,7 @@ class BankSession:
             raise BankStateError(f"the anchor at {self.anchor.path} is not the one bank {name!r} was built on")
         self.embedder: Embedder = get_embedder(self.cfg.embedder)
         self.tree: Tree = self.reg.load_tree()
-        self.store = BlockStore(self.reg)
+        self.store = BlockStore(self.reg, int(cache_mb * 2**20), pin_levels, allow, serve_blocked)
         self.handle: MemoryHandle = attach(self.anchor.model, self.cfg.memory.layers)
 
     def close(self) -> None:
@@ -133,18 +148,25 @@ class BankSession:
         answers = []
         for i, (p, t) in enumerate(zip(prompts, texts, strict=True)):
             path = [int(v) for v in paths[i]] if paths is not None and mode == "fetched" else None
-            blocks = self._blocks_used(mode, path)
+            blocks, withheld = self._blocks_used(mode, path)
             answers.append(
-                Answer(p, t, mode, path, blocks, {"route_s": t_route, "fetch_s": t_fetch, "generate_s": t_gen})
+                Answer(
+                    p, t, mode, path, blocks, withheld, {"route_s": t_route, "fetch_s": t_fetch, "generate_s": t_gen}
+                )
             )
         return answers
 
-    def _blocks_used(self, mode: str, path: list[int] | None) -> list[str]:
+    def _blocks_used(self, mode: str, path: list[int] | None) -> tuple[list[str], list[str]]:
+        """(blocks served, blocks withheld: blocked or out of reach) for one answer."""
         if mode == "generic":
-            return ["generic"] if self.store.has(0, 0) else []
-        if mode == "fetched" and path is not None:
-            return [f"{lvl + 1}:{n}" for lvl, n in enumerate(path) if self.store.has(lvl + 1, n)]
-        return []
+            keys = [(0, 0)]
+        elif mode == "fetched" and path is not None:
+            keys = [(lvl + 1, n) for lvl, n in enumerate(path)]
+        else:
+            return [], []
+        used = [block_id(*k) for k in keys if self.store.has(*k)]
+        withheld = [block_id(*k) for k in keys if self.store.withheld(*k)]
+        return used, withheld
 
 
 def ask(
@@ -154,12 +176,13 @@ def ask(
     max_new_tokens: int = 32,
     chat: bool = False,
     home: Path | None = None,
+    allow: frozenset[str] | None = None,
+    cache_mb: float = DEFAULT_CACHE_MB,
 ) -> dict[str, Any]:
     if not prompt.strip():
         raise InputError("the prompt is empty")
-    with BankSession(name, home) as s:
+    with BankSession(name, home, allow=allow, cache_mb=cache_mb) as s:
         ans = s.generate([prompt], mode=mode, max_new_tokens=max_new_tokens, chat=chat)[0]
-        stats = s.store.stats
         return {
             "bank": name,
             "prompt": prompt,
@@ -167,6 +190,8 @@ def ask(
             "mode": mode,
             "path": ans.path,
             "blocks": ans.blocks,
+            "withheld": ans.withheld,
+            "allow": sorted(allow) if allow is not None else None,
             "timings": ans.timings,
-            "store": {"hits": stats.hits, "misses": stats.misses, "bytes_read": stats.bytes_read},
+            "store": s.store.stats.to_dict(),
         }

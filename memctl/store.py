@@ -1,71 +1,154 @@
-"""Block store: reads block files on demand through the registry, verifies them, caches them.
+"""Block store: reads block files lazily (memory-mapped, checksum verified), caches them in an LRU
+whose budget is counted in bytes, and never serves a block that is blocked or out of reach.
 
-Only blocks on a requested path are ever read. Untrained blocks (no file: down is zero, so they
-change nothing) are reported as absent rather than loaded.
+* Only blocks on a requested path are ever read; untrained blocks (no file: down is zero, so they
+  change nothing) are reported as absent rather than loaded.
+* Blocks of the shallow levels (`pin_levels`, and the generic memory) are pinned: consecutive
+  questions in the same subtree re-read only deeper blocks. Unpinned blocks are evicted least
+  recently used first once the cache passes its byte budget.
+* A blocked block, or one that the session's `allow` tags cannot reach, is withheld *before* any
+  file is touched. The store re-reads the registry's block table whenever the database changed
+  (another process blocked a block, a retrain switched files), so neither a blocked nor a replaced
+  block is ever served from cache.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
 from .memory import PARTS, Fetched, LevelFetch
-from .registry import Registry
+from .privacy import reachable_blocks
+from .registry import Registry, block_id
+
+DEFAULT_CACHE_MB = 512
+Key = tuple[int, int]  # (level, node); level 0 is the generic memory
 
 
 @dataclass
 class StoreStats:
     hits: int = 0
-    misses: int = 0
+    misses: int = 0  # blocks read from disk
     bytes_read: int = 0
+    evictions: int = 0
+    withheld: int = 0  # requests for blocked or unreachable blocks (never read)
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def block_bytes(block: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in block.values())
 
 
 class BlockStore:
-    def __init__(self, reg: Registry) -> None:
+    def __init__(
+        self,
+        reg: Registry,
+        cache_bytes: int = DEFAULT_CACHE_MB * 2**20,
+        pin_levels: int = 1,
+        allow: frozenset[str] | None = None,
+        serve_blocked: bool = False,
+    ) -> None:
+        """`serve_blocked` is for proofs about the parameters themselves (forgetting), never for answers."""
         self.reg = reg
+        self.serve_blocked = serve_blocked
+        self.cache_bytes = cache_bytes
+        self.pin_levels = pin_levels
+        self.allow = allow
         self.stats = StoreStats()
-        self._cache: dict[tuple[int, int], dict[str, torch.Tensor] | None] = {}
-        self._rows = {(r["level"], r["idx"]): r for r in reg.blocks("file is not null")}
+        self._cache: OrderedDict[Key, tuple[str, dict[str, torch.Tensor], int]] = OrderedDict()
+        self._rows: dict[Key, dict] = {}
+        self._withheld: set[Key] = set()
+        self._version: tuple[int, int] | None = None
+        self.refresh()
+
+    # ---- registry view -------------------------------------------------------------------------
+    def _db_version(self) -> tuple[int, int]:
+        """Changes by other connections (data_version) and by this one (total_changes)."""
+        conn = self.reg.db.conn
+        return int(conn.execute("PRAGMA data_version").fetchone()[0]), conn.total_changes
+
+    def refresh(self, force: bool = False) -> None:
+        """Re-read which blocks exist and may be served, if the registry changed since the last look.
+        Cached blocks that were blocked, put out of reach, replaced or dropped leave the cache."""
+        version = self._db_version()
+        if version == self._version and not force:
+            return
+        rows = {(r["level"], r["idx"]): r for r in self.reg.blocks("file is not null")}
+        reach = reachable_blocks(self.reg, self.allow) if self.allow is not None else None
+        self._withheld = {
+            key
+            for key, r in rows.items()
+            if (r["blocked"] and not self.serve_blocked) or (reach is not None and r["id"] not in reach)
+        }
+        self._rows = {key: r for key, r in rows.items() if key not in self._withheld}
+        for key in list(self._cache):
+            row = self._rows.get(key)
+            if row is None or row["sha256"] != self._cache[key][0]:
+                del self._cache[key]
+        self._version = self._db_version()
 
     def has(self, level: int, idx: int) -> bool:
-        """Whether a trained block exists (no read, no stats)."""
+        """Whether a trained block may be served (no read, no stats)."""
+        self.refresh()
         return (level, idx) in self._rows
 
+    def withheld(self, level: int, idx: int) -> bool:
+        """Whether a trained block exists but is blocked or out of reach."""
+        self.refresh()
+        return (level, idx) in self._withheld
+
+    # ---- the cache --------------------------------------------------------------------------------
+    def pinned(self, key: Key) -> bool:
+        return key[0] <= self.pin_levels  # level 0 (generic) and the shallow levels
+
+    @property
+    def cached_bytes(self) -> int:
+        return sum(n for _sha, _b, n in self._cache.values())
+
+    def cached(self) -> list[str]:
+        return [block_id(*key) for key in self._cache]
+
+    def _evict(self) -> None:
+        total = self.cached_bytes
+        for key in list(self._cache):  # least recently used first
+            if total <= self.cache_bytes:
+                break
+            if self.pinned(key):
+                continue
+            total -= self._cache.pop(key)[2]
+            self.stats.evictions += 1
+
     def get(self, level: int, idx: int) -> dict[str, torch.Tensor] | None:
+        self.refresh()
         key = (level, idx)
+        if key in self._withheld:
+            self.stats.withheld += 1
+            return None
         if key in self._cache:
             self.stats.hits += 1
-            return self._cache[key]
+            self._cache.move_to_end(key)
+            return self._cache[key][1]
         row = self._rows.get(key)
-        block = None
-        if row is not None:
-            block = self.reg.read_block(row)
-            self.stats.misses += 1
-            self.stats.bytes_read += sum(t.numel() * t.element_size() for t in block.values())
-        self._cache[key] = block
+        if row is None:
+            return None
+        block = self.reg.read_block(row)
+        n = block_bytes(block)
+        self.stats.misses += 1
+        self.stats.bytes_read += n
+        self._cache[key] = (row["sha256"], block, n)
+        self._evict()
         return block
 
+    # ---- what a forward pass uses ----------------------------------------------------------------
     def fetch_paths(self, paths: np.ndarray) -> Fetched:
         """paths (B, p) node indices -> the blocks of each level each row fetches."""
-        levels = []
-        for lvl in range(paths.shape[1]):
-            uniq: list[int] = []
-            blocks: list[dict[str, torch.Tensor]] = []
-            index = []
-            for node in paths[:, lvl].tolist():
-                block = self.get(lvl + 1, node)
-                if block is None:
-                    index.append(-1)
-                    continue
-                if node not in uniq:
-                    uniq.append(node)
-                    blocks.append(block)
-                index.append(uniq.index(node))
-            if blocks and blocks[0]["gate"].shape[1] > 0:
-                levels.append(_level(blocks, index))
-        return Fetched(levels=levels, batch=int(paths.shape[0]))
+        return assemble(paths, self.get)
 
     def fetch_generic(self, batch: int) -> Fetched:
         block = self.get(0, 0)
@@ -74,6 +157,30 @@ class BlockStore:
         return Fetched(levels=[_level([block], [0] * batch)], batch=batch)
 
 
+def assemble(paths: np.ndarray, lookup: Callable[[int, int], dict[str, torch.Tensor] | None]) -> Fetched:
+    """paths (B, p) -> Fetched, with `lookup(level, node)` giving each block (None: absent)."""
+    levels = []
+    for lvl in range(paths.shape[1]):
+        uniq: list[int] = []
+        blocks: list[dict[str, torch.Tensor]] = []
+        index = []
+        for node in paths[:, lvl].tolist():
+            block = lookup(lvl + 1, node)
+            if block is None:
+                index.append(-1)
+                continue
+            if node not in uniq:
+                uniq.append(node)
+                blocks.append(block)
+            index.append(uniq.index(node))
+        if blocks and blocks[0]["gate"].shape[1] > 0:
+            levels.append(_level(blocks, index))
+    return Fetched(levels=levels, batch=int(paths.shape[0]))
+
+
 def _level(blocks: list[dict[str, torch.Tensor]], index: list[int]) -> LevelFetch:
-    stacked = {p: torch.stack([b[p] for b in blocks]) for p in PARTS}  # (U, L, r, d)
+    if len(blocks) == 1:  # a view, no copy
+        stacked = {p: blocks[0][p].unsqueeze(0) for p in PARTS}
+    else:
+        stacked = {p: torch.stack([b[p] for b in blocks]) for p in PARTS}  # (U, L, r, d)
     return LevelFetch(stacked["gate"], stacked["up"], stacked["down"], torch.tensor(index, dtype=torch.long))

@@ -103,6 +103,16 @@ def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+@dataclass
+class TrainedUnit:
+    """A unit trained in memory: its result, its parameters and its provenance, not yet written."""
+
+    result: UnitResult
+    unit: Unit
+    params: UnitParams
+    seen: dict[tuple[int, int], dict[str, int]]  # (level, node) -> doc -> tokens trained
+
+
 def train_unit(
     reg: Registry,
     anchor: Anchor,
@@ -113,29 +123,37 @@ def train_unit(
     n_units: int,
     progress: Callable[[TrainEvent], None] | None,
     flag: dict[str, bool],
-    max_steps: int | None,
-    prefix_cache: dict[str, torch.Tensor] | None = None,
+    max_steps: int | None = None,
     split_head: bool = False,
-) -> UnitResult | None:
+    exclude: frozenset[str] = frozenset(),
+    checkpoints: bool = True,
+) -> TrainedUnit | None:
+    """Train one unit from its seeded initial state (or its checkpoint). Returns None when stopped
+    before the end (Ctrl-C or `max_steps`). Documents in `exclude` are left out as if never ingested
+    (exact forgetting); with `checkpoints=False` nothing is written to disk.
+
+    The unit's prefix cache is built from the unit's own samples, so its numbers never depend on
+    which other units are trained in the same run."""
     cfg = reg.config
     unit = unit_of(cfg, name)
-    samples = load_samples(reg, anchor, name, tcfg.objective)
+    samples = [s for s in load_samples(reg, anchor, name, tcfg.objective) if s.doc_id not in exclude]
+    params = UnitParams(cfg, unit)
     if not samples:
-        return UnitResult(name, 0, 0, float("nan"), float("nan"), 0.0, 0)
+        return TrainedUnit(UnitResult(name, 0, 0, float("nan"), float("nan"), 0.0, 0), unit, params, {})
+    start = min(cfg.memory.layers)
+    prefix_cache = build_prefix_cache(anchor, start, samples, _prefix_progress(progress, n_units))
     if prefix_cache is not None:
         for smp in samples:
             smp.states = prefix_cache.get(smp.key)
-    start = min(cfg.memory.layers)
     epochs = [epoch_batches(samples, name, cfg.tree.k, tcfg, e) for e in range(tcfg.epochs)]
     total = sum(len(e) for e in epochs)
-    params = UnitParams(cfg, unit)
     opt = BlockAdamW(params.flat(), lr=tcfg.lr, betas=tcfg.betas, eps=tcfg.eps, weight_decay=tcfg.weight_decay)
-    heldout = heldout_prompts(reg, name)
+    heldout = heldout_prompts(reg, name, exclude=exclude)
     ckpt = reg.checkpoint_dir() / f"unit-{name}.pt"
     step, tokens, losses, seconds = 0, 0, [], 0.0
     seen: dict[tuple[int, int], dict[str, int]] = {}  # (level, node) -> doc -> tokens trained
     scores: list[float] = []  # held-out prompt accuracy after each epoch
-    if ckpt.exists():
+    if checkpoints and ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
         with torch.no_grad():
             for dst, src in zip(params.flat(), state["params"], strict=True):
@@ -214,18 +232,17 @@ def train_unit(
                 )
             )
         stopping = flag["stop"] or (max_steps is not None and step >= max_steps)
-        if (step % tcfg.checkpoint_every == 0 or stopping) and not stopped_early:
+        if checkpoints and (step % tcfg.checkpoint_every == 0 or stopping) and not stopped_early:
             checkpoint()
         if stopping:
             return None
         if stopped_early:
             break
     seconds = time.perf_counter() - t_start
-    _finish_unit(reg, unit, params, seen)
-    ckpt.unlink(missing_ok=True)
     first = float(np.mean(losses[: max(1, len(losses) // 20)])) if losses else float("nan")
     last = float(np.mean(losses[-max(1, len(losses) // 20) :])) if losses else float("nan")
-    return UnitResult(name, step, tokens, first, last, seconds, resumed_from, scores, stopped_early)
+    res = UnitResult(name, step, tokens, first, last, seconds, resumed_from, scores, stopped_early)
+    return TrainedUnit(res, unit, params, seen)
 
 
 MIN_HELDOUT_FOR_STOP = 20  # fewer held-out prompts are too noisy to stop on
@@ -236,31 +253,55 @@ def _plateaued(scores: list[float], patience: int) -> bool:
     return len(scores) > patience and max(scores[-patience:]) <= max(scores[:-patience])
 
 
-def _finish_unit(reg: Registry, unit: Unit, params: UnitParams, seen: dict[tuple[int, int], dict[str, int]]) -> None:
-    """Write the unit's trained blocks, then record them and their provenance in one transaction."""
+def write_unit(reg: Registry, tu: TrainedUnit) -> dict[tuple[int, int], tuple[str, str]]:
+    """Write the unit's trained blocks as new files; returns (level, node) -> (file, sha256).
+    Nothing points to them until `record_unit` commits."""
     files = {}
-    for pos, (level, first, _n) in enumerate(unit.levels):
-        for lvl, node in seen:
+    for pos, (level, first, _n) in enumerate(tu.unit.levels):
+        for lvl, node in tu.seen:
             if lvl == level:
-                files[(lvl, node)] = reg.write_block(lvl, node, params.block(pos, node - first))
+                files[(lvl, node)] = reg.write_block(lvl, node, tu.params.block(pos, node - first))
+    return files
+
+
+def record_unit(reg: Registry, tu: TrainedUnit, files: dict[tuple[int, int], tuple[str, str]]) -> None:
+    """Point the unit's block rows at their new files, with provenance (inside the caller's
+    transaction, if any). Blocks of the unit that saw no data go back to their initial state."""
     stamp = now()
+    for level, first, n in tu.unit.levels:
+        reg.db.execute(
+            "update blocks set file = null, sha256 = null, state = 'init', trained_tokens = 0, updated = ? "
+            "where level = ? and idx >= ? and idx < ? and file is not null",
+            [stamp, level, first, first + n],
+        )
+        reg.db.execute(
+            "delete from block_docs where block_id in (select id from blocks where level = ? and idx >= ? and idx < ?)",
+            [level, first, first + n],
+        )
+    for (lvl, node), (file, sha) in files.items():
+        bid = block_id(lvl, node)
+        reg.db["blocks"].update(
+            bid,
+            {
+                "file": file,
+                "sha256": sha,
+                "state": "trained",
+                "trained_tokens": sum(tu.seen[(lvl, node)].values()),
+                "updated": stamp,
+            },
+        )
+        reg.db["block_docs"].insert_all(
+            [{"block_id": bid, "doc_id": doc, "tokens": n} for doc, n in tu.seen[(lvl, node)].items()]
+        )
+
+
+def _finish_unit(reg: Registry, tu: TrainedUnit) -> None:
+    """Write the unit's blocks, switch the registry to them in one transaction, then delete the
+    files they replace. An interruption before the commit leaves the old blocks in place."""
+    files = write_unit(reg, tu)
     with reg.db.atomic():
-        for (lvl, node), (file, sha) in files.items():
-            bid = block_id(lvl, node)
-            reg.db["blocks"].update(
-                bid,
-                {
-                    "file": file,
-                    "sha256": sha,
-                    "state": "trained",
-                    "trained_tokens": sum(seen[(lvl, node)].values()),
-                    "updated": stamp,
-                },
-            )
-            reg.db.execute("delete from block_docs where block_id = ?", [bid])
-            reg.db["block_docs"].insert_all(
-                [{"block_id": bid, "doc_id": doc, "tokens": n} for doc, n in seen[(lvl, node)].items()]
-            )
+        record_unit(reg, tu, files)
+    reg.sweep_orphans()
 
 
 def train(
@@ -306,10 +347,7 @@ def train(
             generate_prompts(reg, stage)
         else:
             result.prepare = prepare(reg, anchor, stage)
-        every = [s for u in todo for s in load_samples(reg, anchor, u, tcfg.objective)]
-        cache = build_prefix_cache(anchor, min(reg.config.memory.layers), every, _prefix_progress(progress, len(todo)))
-        ids, mask, _ = collate(every[:2], anchor.tokenizer.pad_token_id)
-        split_head = head_split_matches(anchor.model, ids, mask)
+        split_head = _split_head(reg, anchor, todo, tcfg.objective)
         _keep_freed_memory()
         with _sigint_flag() as flag:
             for i, unit in enumerate(todo):
@@ -320,10 +358,8 @@ def train(
                     )
                     .last_pk
                 )
-                res = train_unit(
-                    reg, anchor, handle, unit, tcfg, i, len(todo), progress, flag, max_steps, cache, split_head
-                )
-                if res is None:
+                tu = train_unit(reg, anchor, handle, unit, tcfg, i, len(todo), progress, flag, max_steps, split_head)
+                if tu is None:
                     reg.db["runs"].update(run_id, {"status": "interrupted", "finished": now()})
                     result.interrupted = True
                     if flag["stop"]:
@@ -331,6 +367,9 @@ def train(
                             "training interrupted; checkpoint saved, run `memctl train` to resume"
                         )
                     continue
+                _finish_unit(reg, tu)
+                (reg.checkpoint_dir() / f"unit-{unit}.pt").unlink(missing_ok=True)
+                res = tu.result
                 reg.db["runs"].update(
                     run_id,
                     {
@@ -347,6 +386,16 @@ def train(
     finally:
         handle.detach()
     return result
+
+
+def _split_head(reg: Registry, anchor: Anchor, units: list[str], objective: str) -> bool:
+    """Whether the vocabulary head may run on labelled positions only (checked on two samples)."""
+    for u in units:
+        samples = load_samples(reg, anchor, u, objective)
+        if samples:
+            ids, mask, _ = collate(samples[:2], anchor.tokenizer.pad_token_id)
+            return head_split_matches(anchor.model, ids, mask)
+    return False
 
 
 def _keep_freed_memory() -> None:

@@ -6,6 +6,7 @@ i*k + j (j < k) at level l+1. A route is the tuple of node indices (i1, ..., ip)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -160,3 +161,25 @@ def route(tree: Tree, x: np.ndarray, chunk: int = 65536) -> np.ndarray:
 def subtree_of(level_index: int, node: int, k: int) -> int:
     """Level-1 ancestor of `node` at `level_index` (1-based)."""
     return node // (k ** (level_index - 1))
+
+
+def nodes_to_block(tree: Tree, fraction: float) -> list[int]:
+    """How many nodes per level make up `fraction` of the bank: ceil(fraction * k**l) at level l
+    (at least one per level for any fraction > 0, as blocking 'the best-matching part' implies)."""
+    return [min(tree.k ** (lvl + 1), math.ceil(fraction * tree.k ** (lvl + 1) - 1e-9)) for lvl in range(tree.p)]
+
+
+def best_matching(tree: Tree, x: np.ndarray, fraction: float) -> list[tuple[int, int]]:
+    """The `fraction` of the bank that best matches embedding x (dim,): at every level, the
+    nodes whose centroids are nearest x (the paper's adversarial memory blocking). Returns
+    (level, node) pairs, level 1-based, nearest first within a level."""
+    x = np.asarray(x, dtype=np.float32).reshape(-1)
+    out: list[tuple[int, int]] = []
+    for lvl, n in enumerate(nodes_to_block(tree, fraction)):
+        if n <= 0:
+            continue
+        c = tree.centroids[lvl]  # (k**l, dim)
+        d2 = (c**2).sum(1) - 2.0 * c @ x
+        order = np.argsort(d2, kind="stable")[:n]
+        out.extend((lvl + 1, int(i)) for i in order)
+    return out

@@ -188,21 +188,44 @@ class Registry:
         rows = self.blocks("level = ? and idx = ?", [level, idx])
         return rows[0] if rows else None
 
-    def block_file(self, level: int, idx: int) -> Path:
-        name = "generic" if level == 0 else f"L{level}-{idx:06d}"
-        return self.path / "blocks" / f"{name}.safetensors"
-
     def write_block(self, level: int, idx: int, tensors: dict[str, torch.Tensor]) -> tuple[str, str]:
-        """Write a block file atomically; returns (relative file, sha256). The row is the caller's."""
-        path = self.block_file(level, idx)
-        sha = write_block(path, tensors, {"bank": self.name, "block": block_id(level, idx)})
+        """Write a new, content-named block file atomically; returns (relative file, sha256).
+        The row is the caller's to update; the file it replaces is removed by `sweep_orphans`."""
+        stem = "generic" if level == 0 else f"L{level}-{idx:06d}"
+        path, sha = write_block(self.blocks_dir, stem, tensors, {"bank": self.name, "block": block_id(level, idx)})
         return str(path.relative_to(self.path)), sha
 
     def read_block(self, row: dict[str, Any]) -> dict[str, torch.Tensor]:
         return read_block(self.path / row["file"], row["sha256"])
 
+    @property
+    def blocks_dir(self) -> Path:
+        return self.path / "blocks"
+
+    def sweep_orphans(self) -> list[Path]:
+        """Delete block files (and leftover temp files) that no registry row points to.
+        Call it after a commit that replaced or dropped blocks, never before."""
+        if not self.blocks_dir.is_dir():
+            return []
+        used = {self.path / r[0] for r in self.db.execute("select file from blocks where file is not null")}
+        gone = [p for p in self.blocks_dir.iterdir() if p.is_file() and p not in used]
+        for p in gone:
+            p.unlink(missing_ok=True)
+        return gone
+
+    def vacuum(self) -> None:
+        """Rebuild the database file so deleted rows leave no bytes behind (secure_delete zeroes
+        freed pages; VACUUM drops them)."""
+        self.db.execute("VACUUM")
+
+    def log(self, action: str, target: str, reason: str = "", detail: dict[str, Any] | None = None) -> None:
+        """Record a privacy action (block, unblock, forget, export, import) with its time."""
+        self.db["privacy_log"].insert(
+            {"at": now(), "action": action, "target": target, "reason": reason, "detail": dumps(detail or {})}
+        )
+
     def bytes_on_disk(self) -> int:
-        d = self.path / "blocks"
+        d = self.blocks_dir
         return sum(p.stat().st_size for p in d.glob("*.safetensors")) if d.is_dir() else 0
 
     def checkpoint_dir(self) -> Path:

@@ -1,37 +1,89 @@
-"""One safetensors file per memory block: written atomically, checksum verified on load."""
+"""One safetensors file per memory block: content-addressed name, written atomically, checksum
+verified on load, read through a memory map.
+
+A block's file name carries the start of its sha256 (`L1-000003.<sha16>.safetensors`), so a
+retrained block is a *new* file: the registry row switches to it in a transaction, and the old file
+is deleted only after that commit. An interrupted write or retrain leaves the old block intact.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import mmap
 import os
+import struct
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors.torch import load as st_load
+from safetensors import safe_open
 from safetensors.torch import save as st_save
 
 from ..errors import IntegrityError
 from ..memory import PARTS
 
+SUFFIX = ".safetensors"
+MAX_HEADER = 1 << 20  # a block's header is a few hundred bytes; anything bigger is not ours
 
-def write_block(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
-    """Write to a temp file, fsync, rename over `path`. Returns the file's sha256."""
+
+def write_block(directory: Path, stem: str, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> tuple[Path, str]:
+    """Write to a temp file, fsync, rename to `stem.<sha16>.safetensors`. Returns (path, sha256)."""
     data = st_save({k: tensors[k].detach().contiguous().cpu() for k in PARTS}, metadata=meta)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    sha = hashlib.sha256(data).hexdigest()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{stem}.{sha[:16]}{SUFFIX}"
+    tmp = directory / f".{path.name}.tmp{os.getpid()}"
     with tmp.open("wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    return hashlib.sha256(data).hexdigest()
+    return path, sha
 
 
 def read_block(path: Path, sha256: str) -> dict[str, torch.Tensor]:
+    """Map the file, verify its sha256, then copy its tensors out of the map (only this block is touched)."""
     try:
-        data = path.read_bytes()
+        f = path.open("rb")
     except FileNotFoundError:
         raise IntegrityError(f"block file {path} is missing; retrain the bank (memctl train --retrain)") from None
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise IntegrityError(f"block file {path} does not match its checksum; it was changed or corrupted")
-    return st_load(data)
+    with f:
+        try:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                ok = hashlib.sha256(mm).hexdigest() == sha256
+        except ValueError:  # an empty file cannot be mapped
+            ok = False
+        if not ok:
+            raise IntegrityError(f"block file {path} does not match its checksum; it was changed or corrupted")
+        with safe_open(str(path), framework="pt") as st:  # memory-mapped by safetensors
+            return {k: st.get_tensor(k) for k in st.keys()}  # noqa: SIM118 (safe_open is not a dict)
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """The safetensors header (tensor names -> dtype, shape, offsets), without reading any tensor.
+    Raises IntegrityError when the file is not a well-formed safetensors file."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                raise IntegrityError(f"{path.name} is not a safetensors file (too short)")
+            (n,) = struct.unpack("<Q", raw)
+            if not 0 < n <= MAX_HEADER:
+                raise IntegrityError(f"{path.name} is not a safetensors file (header of {n} bytes)")
+            header = json.loads(f.read(n))
+            size = os.fstat(f.fileno()).st_size
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise IntegrityError(f"{path.name} is not a readable safetensors file: {e}") from None
+    if not isinstance(header, dict):
+        raise IntegrityError(f"{path.name} has a malformed safetensors header")
+    end = 0
+    for name, spec in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(spec, dict) or not {"dtype", "shape", "data_offsets"} <= set(spec):
+            raise IntegrityError(f"{path.name}: tensor {name!r} has a malformed header entry")
+        end = max(end, int(spec["data_offsets"][1]))
+    if 8 + n + end != size:
+        raise IntegrityError(f"{path.name}: header says {8 + n + end} bytes, the file has {size}")
+    return header

@@ -110,7 +110,22 @@ def _m002_prompts(db: sqlite_utils.Database) -> None:
     db["windows"].add_column("prompted", int, not_null_default=0)
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m001_initial, _m002_prompts]
+def _m003_privacy(db: sqlite_utils.Database) -> None:
+    """Blocking (with reason and time), an audit log of privacy actions, forget reports, and
+    reference documents: never trained, the 'unseen' baseline of forgetting proofs."""
+    db["blocks"].add_column("blocked", int, not_null_default=0)
+    db["blocks"].add_column("blocked_reason", str)
+    db["blocks"].add_column("blocked_at", str)
+    db["privacy_log"].create(
+        {"id": int, "at": str, "action": str, "target": str, "reason": str, "detail": str}, pk="id"
+    )
+    db["forget_reports"].create({"id": int, "at": str, "mode": str, "docs": str, "report": str}, pk="id")
+    db["reference_docs"].create(
+        {"id": str, "source": str, "title": str, "sha256": str, "text": str, "added": str}, pk="id"
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m001_initial, _m002_prompts, _m003_privacy]
 
 
 def migrate(db: sqlite_utils.Database) -> int:
