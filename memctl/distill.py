@@ -192,9 +192,7 @@ class HeldOut:
     paths: list[tuple[int, ...]]
 
 
-def heldout_prompts(
-    reg: Registry, unit: str, limit: int = 64, exclude: frozenset[str] = frozenset()
-) -> HeldOut | None:
+def heldout_prompts(reg: Registry, unit: str, limit: int = 64, exclude: frozenset[str] = frozenset()) -> HeldOut | None:
     """Held-out prompts a unit answers at inference: those whose own route lies in the unit
     (documents in `exclude` left out, as if they had never been ingested)."""
     sql = "select doc_id, text, answer, path from prompts where held_out = 1"

@@ -84,7 +84,7 @@ class TrainingInterrupted(MemctlError):
 
 # ---- the loop ---------------------------------------------------------------------------------------
 @contextmanager
-def _sigint_flag() -> Iterator[dict[str, bool]]:
+def sigint_flag() -> Iterator[dict[str, bool]]:
     flag = {"stop": False}
     try:
         previous = signal.signal(signal.SIGINT, lambda *_: flag.__setitem__("stop", True))
@@ -347,9 +347,9 @@ def train(
             generate_prompts(reg, stage)
         else:
             result.prepare = prepare(reg, anchor, stage)
-        split_head = _split_head(reg, anchor, todo, tcfg.objective)
+        split_head = head_split_ok(reg, anchor, todo, tcfg.objective)
         _keep_freed_memory()
-        with _sigint_flag() as flag:
+        with sigint_flag() as flag:
             for i, unit in enumerate(todo):
                 run_id = (
                     reg.db["runs"]
@@ -388,7 +388,7 @@ def train(
     return result
 
 
-def _split_head(reg: Registry, anchor: Anchor, units: list[str], objective: str) -> bool:
+def head_split_ok(reg: Registry, anchor: Anchor, units: list[str], objective: str) -> bool:
     """Whether the vocabulary head may run on labelled positions only (checked on two samples)."""
     for u in units:
         samples = load_samples(reg, anchor, u, objective)
@@ -428,7 +428,9 @@ def _stage_progress(progress: Callable[[TrainEvent], None] | None, n_units: int)
 
 
 def _resolve_config(reg: Registry, overrides: dict[str, Any]) -> TrainConfig:
-    """A pending checkpoint fixes the configuration; otherwise defaults plus the user's options."""
+    """A pending checkpoint fixes the configuration; otherwise the bank's last training configuration
+    (defaults for a new bank) plus the user's options, so that retraining stale or dropped blocks
+    repeats how the bank was trained unless told otherwise."""
     pending = sorted(reg.checkpoint_dir().glob("unit-*.pt"))
     if pending:
         saved = train_config_from_json(torch.load(pending[0], weights_only=False)["config"])
@@ -442,6 +444,8 @@ def _resolve_config(reg: Registry, overrides: dict[str, Any]) -> TrainConfig:
         return saved
     if "betas" in overrides:
         overrides["betas"] = tuple(overrides["betas"])
-    tcfg = TrainConfig(**overrides)
+    last = reg.db.execute("select config from runs where status = 'done' order by id desc limit 1").fetchone()
+    base = train_config_from_json(last[0]) if last else TrainConfig()
+    tcfg = dataclasses.replace(base, **overrides)
     tcfg.validate()
     return tcfg

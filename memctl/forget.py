@@ -1,0 +1,527 @@
+"""Forgetting: remove documents and their influence, then prove it.
+
+A document's influence lives only in the blocks its samples trained (the anchor is frozen), and
+every level-1 subtree trains as an isolated unit. So:
+
+* `exact` (default): every unit the document touched (its level-1 subtree(s), because deeper blocks
+  trained jointly with the shallow block, and the generic memory) is retrained from its seeded
+  initial state on the remaining documents, with the configuration it was trained with. The result
+  is bit-identical to a bank trained from scratch without the document (SISA-style).
+* `drop`: those units' blocks are deleted now and left for `memctl train` to retrain.
+
+Nothing is visible until one transaction removes the documents (windows, embeddings, prompts,
+provenance) and switches the blocks; an interruption before it leaves the bank as it was. Then the
+replaced block files and checkpoints are deleted and SQLite (secure_delete on) is vacuumed.
+
+The proof compares each forgotten document's memorisation *gain* (anchor-alone loss minus bank loss,
+memories routed on the text) before and after, with the gains of reference documents the bank never
+saw (`memctl ingest --reference`). A document looks unseen when its gain is no larger than the
+largest reference gain. With a probe file, its probes' accuracy and that of retained documents are
+measured before and after too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import TrainConfig, train_config_from_json
+from .corpus import Document, read_documents, split_windows
+from .errors import BankStateError, InputError, MemctlError
+from .evaluate import Probe, evaluate, is_correct
+from .perplexity import TextLoss, combine, summary, text_losses
+from .privacy import check_docs, doc_blocks, parse_tags
+from .registry import Registry, dumps, memctl_home, now
+from .serve import BankSession
+from .train import TrainedUnit, TrainEvent, head_split_ok, record_unit, sigint_flag, train_unit, write_unit
+from .tree import subtree_of
+from .units import GENERIC, unit_of
+
+MODES = ("exact", "drop")
+Progress = Callable[[str, int, int], None]
+NEEDLE_CHARS = 20  # text fragments at least this long are searched for in the bank's files
+MAX_NEEDLES = 16
+
+
+class ForgetInterrupted(MemctlError):
+    exit_code = 130
+
+
+@dataclass
+class ForgetPlan:
+    bank: str
+    mode: str
+    docs: list[str]
+    windows: int
+    prompts: int
+    shaped_blocks: list[str]  # blocks the documents' samples trained
+    units: list[str]  # units to retrain (exact) or whose blocks are dropped (drop)
+    unit_blocks: int  # trained blocks in those units (replaced or deleted)
+    tokens: int  # tokens per epoch the retraining runs over (exact)
+    est_seconds: float | None  # what training those units took last time
+
+
+@dataclass
+class DocProof:
+    doc: str
+    loss_anchor: float
+    loss_before: float
+    loss_after: float
+    gain_before: float  # anchor loss - bank loss: what the memories had learned of the text
+    gain_after: float
+    above_references: float | None  # share of reference documents whose gain is below this one's
+    verdict: str  # unseen | SEEN | unverified (no references)
+    probes_before: list[int] | None = None  # [correct, n]
+    probes_after: list[int] | None = None
+
+
+@dataclass
+class ForgetReport:
+    bank: str
+    mode: str
+    docs: list[str]
+    units: list[str]
+    blocks_replaced: int
+    blocks_dropped: int
+    files_deleted: int
+    seconds: float
+    proofs: list[DocProof] = field(default_factory=list)
+    reference: dict[str, Any] = field(default_factory=dict)  # gains of unseen documents
+    retained_probes: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+    report_id: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---- planning ----------------------------------------------------------------------------------------
+def select_docs(reg: Registry, docs: Sequence[str], sources: Sequence[str], tags: Sequence[str]) -> list[str]:
+    """Document ids given directly, by source path (a file, or a directory holding them) or by tag."""
+    ids = check_docs(reg, docs) if docs else []
+    for src in sources:
+        want = Path(src).expanduser()
+        hits = []
+        for doc_id, source in reg.db.execute("select id, source from documents"):
+            p = Path(source)
+            if source == src or p == want or want.resolve() in (p.resolve(), *p.resolve().parents):
+                hits.append(doc_id)
+        if not hits:
+            raise InputError(f"no document of bank {reg.name!r} comes from {src!r}")
+        ids.extend(hits)
+    for tag in parse_tags(list(tags)):
+        hits = [d for d, t in reg.db.execute("select id, tags from documents") if tag in parse_tags(t or "")]
+        if not hits:
+            raise InputError(f"no document of bank {reg.name!r} has tag {tag!r}")
+        ids.extend(hits)
+    ids = list(dict.fromkeys(ids))
+    if not ids:
+        raise InputError("say what to forget: --doc ID, --source PATH or --tag NAME")
+    return ids
+
+
+def _units_with_data(reg: Registry, names: Sequence[str]) -> list[str]:
+    """Those units that hold a trained block or an interrupted checkpoint."""
+    cfg = reg.config
+    out = []
+    for name in names:
+        unit = unit_of(cfg, name)
+        trained = any(
+            reg.db.execute(
+                "select count(*) from blocks where level = ? and idx >= ? and idx < ? and file is not null",
+                [level, first, first + n],
+            ).fetchone()[0]
+            for level, first, n in unit.levels
+        )
+        if trained or (reg.checkpoint_dir() / f"unit-{name}.pt").exists():
+            out.append(name)
+    return out
+
+
+def affected_units(reg: Registry, doc_ids: Sequence[str]) -> list[str]:
+    """Units the documents can have influenced: the level-1 subtrees of every block they shaped or
+    whose windows or prompts they own (held-out prompts steer early stopping), and the generic memory
+    (its sample order depends on the whole corpus)."""
+    k = reg.config.tree.k
+    l1s = {subtree_of(level, idx, k) for level, idx in doc_blocks(reg, doc_ids) if level > 0}
+    marks = ",".join("?" for _ in doc_ids)
+    l1s |= {r[0] for r in reg.db.execute(f"select distinct l1 from prompts where doc_id in ({marks})", list(doc_ids))}
+    return _units_with_data(reg, [str(u) for u in sorted(l1s)] + [GENERIC])
+
+
+def unit_config(reg: Registry, unit: str) -> TrainConfig:
+    """The configuration the unit was last trained with (exact retraining repeats it)."""
+    row = reg.db.execute(
+        "select config from runs where unit = ? and status = 'done' order by id desc limit 1", [unit]
+    ).fetchone()
+    return train_config_from_json(row[0]) if row else TrainConfig()
+
+
+def plan_forget(
+    name: str,
+    docs: Sequence[str] = (),
+    sources: Sequence[str] = (),
+    tags: Sequence[str] = (),
+    mode: str = "exact",
+    home: Path | None = None,
+) -> ForgetPlan:
+    """What forgetting would remove and retrain, and about how long it takes; changes nothing."""
+    if mode not in MODES:
+        raise InputError(f"--mode must be exact or drop, got {mode!r}")
+    reg = Registry.open(name, home)
+    try:
+        ids = select_docs(reg, docs, sources, tags)
+        marks = ",".join("?" for _ in ids)
+        shaped = sorted(
+            {r[0] for r in reg.db.execute(f"select block_id from block_docs where doc_id in ({marks})", ids)}
+        )
+        units = affected_units(reg, ids)
+        cfg = reg.config
+        unit_blocks = 0
+        for u in units:
+            for level, first, n in unit_of(cfg, u).levels:
+                unit_blocks += reg.db.execute(
+                    "select count(*) from blocks where level = ? and idx >= ? and idx < ? and file is not null",
+                    [level, first, first + n],
+                ).fetchone()[0]
+        tokens = 0
+        for u in units:
+            where = "" if u == GENERIC else f" and l1 = {int(u)}"
+            tokens += reg.db.execute(
+                f"select coalesce(sum(n_tokens), 0) from windows where doc_id not in ({marks}){where}", ids
+            ).fetchone()[0]
+            tokens += reg.db.execute(
+                f"select coalesce(sum(length(ids)) / 4, 0) from prompts where held_out = 0 "
+                f"and doc_id not in ({marks}){where}",
+                ids,
+            ).fetchone()[0]
+        seconds = [
+            reg.db.execute(
+                "select seconds from runs where unit = ? and status = 'done' order by id desc limit 1", [u]
+            ).fetchone()
+            for u in units
+        ]
+        est = sum(s[0] or 0.0 for s in seconds if s) if any(seconds) else None
+        return ForgetPlan(
+            name,
+            mode,
+            ids,
+            reg.db.execute(f"select count(*) from windows where doc_id in ({marks})", ids).fetchone()[0],
+            reg.db.execute(f"select count(*) from prompts where doc_id in ({marks})", ids).fetchone()[0],
+            shaped,
+            units,
+            unit_blocks,
+            tokens if mode == "exact" else 0,
+            est if mode == "exact" else 0.0,
+        )
+    finally:
+        reg.close()
+
+
+# ---- the proof ---------------------------------------------------------------------------------------
+def _doc_losses(session: BankSession, windows: dict[str, list[str]], mode: str, stage: str, progress: Any) -> dict:
+    flat = [(doc, text) for doc, texts in windows.items() for text in texts]
+    losses = text_losses(session, [t for _d, t in flat], mode, stage=stage, progress=progress)
+    per: dict[str, list[TextLoss]] = {}
+    for (doc, _t), loss in zip(flat, losses, strict=True):
+        per.setdefault(doc, []).append(loss)
+    return {doc: combine(v).mean for doc, v in per.items()}
+
+
+def reference_windows(session: BankSession) -> dict[str, list[str]]:
+    """The bank's reference documents, cut into windows as ingest would cut them."""
+    tok = session.anchor.tokenizer
+
+    def count(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    out = {}
+    for r in session.reg.db.query("select id, source, title, text from reference_docs order by id"):
+        doc = Document(r["id"], r["text"], r["source"], r["title"])
+        out[r["id"]] = [w.text for w in split_windows(doc, session.cfg.window, count)]
+    return out
+
+
+def reference_gains(session: BankSession, refs: dict[str, list[str]], progress: Any = None) -> list[float]:
+    if not refs:
+        return []
+    bank = _doc_losses(session, refs, "fetched", "references", progress)
+    alone = _doc_losses(session, refs, "none", "references", progress)
+    return [alone[d] - bank[d] for d in refs]
+
+
+def judge(gain: float, ref_gains: Sequence[float]) -> tuple[float | None, str]:
+    """(share of references with a smaller gain, verdict): unseen when no larger than the largest."""
+    if not ref_gains:
+        return None, "unverified"
+    above = float(np.mean([g < gain for g in ref_gains]))
+    return above, "unseen" if gain <= max(ref_gains) else "SEEN"
+
+
+# ---- forgetting --------------------------------------------------------------------------------------
+def _remove(reg: Registry, doc_ids: list[str]) -> None:
+    """Documents with windows, embeddings, prompts and provenance; node sizes follow."""
+    marks = ",".join("?" for _ in doc_ids)
+    for (path,) in reg.db.execute(f"select path from windows where doc_id in ({marks})", doc_ids).fetchall():
+        for lvl, n in enumerate(path.split(",")):
+            reg.db.execute("update nodes set n_windows = n_windows - 1 where level = ? and idx = ?", [lvl + 1, int(n)])
+    reg.remove_documents(doc_ids)
+
+
+def _drop_units(reg: Registry, units: list[str]) -> int:
+    """Delete every block of the units (files go with the sweep after commit); returns how many."""
+    dropped = 0
+    for u in units:
+        for level, first, n in unit_of(reg.config, u).levels:
+            ids = [
+                r[0]
+                for r in reg.db.execute(
+                    "select id from blocks where level = ? and idx >= ? and idx < ? and file is not null",
+                    [level, first, first + n],
+                )
+            ]
+            for bid in ids:
+                reg.db["blocks"].update(
+                    bid, {"file": None, "sha256": None, "state": "dropped", "trained_tokens": 0, "updated": now()}
+                )
+                reg.db.execute("delete from block_docs where block_id = ?", [bid])
+            dropped += len(ids)
+    return dropped
+
+
+def forget(
+    plan: ForgetPlan,
+    *,
+    probes: Sequence[Probe] | None = None,
+    home: Path | None = None,
+    progress: Progress | None = None,
+    train_progress: Callable[[TrainEvent], None] | None = None,
+) -> ForgetReport:
+    """Carry out a plan (see the module doc). Raises ForgetInterrupted, with nothing changed, on Ctrl-C."""
+    home = home or memctl_home()
+    t0 = time.perf_counter()
+    session = BankSession(plan.bank, home, serve_blocked=True)  # the proof is about parameters, blocked or not
+    reg = session.reg
+    try:
+        ids = check_docs(reg, plan.docs)
+        windows: dict[str, list[str]] = {d: [] for d in ids}
+        for r in reg.db.query(
+            f"select doc_id, text from windows where doc_id in ({','.join('?' for _ in ids)}) order by doc_id, idx",
+            ids,
+        ):
+            windows[r["doc_id"]].append(r["text"])
+        refs = reference_windows(session)
+        anchor_loss = _doc_losses(session, windows, "none", "anchor", progress)
+        before = _doc_losses(session, windows, "fetched", "before", progress)
+        probes = list(probes or [])
+        forgotten_probes = [p for p in probes if p.doc in set(ids)]
+        retained_probes = [p for p in probes if p.doc not in set(ids)]
+        p_before = _probe_scores(session, forgotten_probes, retained_probes, progress)
+
+        trained: list[TrainedUnit] = []
+        if plan.mode == "exact":
+            units = _units_with_data(reg, plan.units)
+            objective = unit_config(reg, units[0]).objective if units else "lm"
+            split_head = head_split_ok(reg, session.anchor, units, objective)
+            with sigint_flag() as flag:
+                for i, u in enumerate(units):
+                    tu = train_unit(
+                        reg, session.anchor, session.handle, u, unit_config(reg, u), i, len(units),
+                        train_progress, flag, None, split_head, exclude=frozenset(ids), checkpoints=False,
+                    )  # fmt: skip
+                    if tu is None:
+                        raise ForgetInterrupted("forget interrupted before it committed: nothing was changed")
+                    trained.append(tu)
+        try:
+            files = [write_unit(reg, tu) for tu in trained]
+            with reg.db.atomic():
+                _remove(reg, ids)
+                for tu, f in zip(trained, files, strict=True):
+                    record_unit(reg, tu, f)
+                    reg.db["runs"].insert(
+                        {
+                            "started": now(), "finished": now(), "status": "done", "unit": tu.result.unit,
+                            "config": dumps(dataclasses.asdict(unit_config(reg, tu.result.unit))),
+                            "steps": tu.result.steps, "tokens": tu.result.tokens,
+                            "loss_first": tu.result.loss_first, "loss_last": tu.result.loss_last,
+                            "seconds": tu.result.seconds,
+                        }
+                    )  # fmt: skip
+                dropped = _drop_units(reg, plan.units) if plan.mode == "drop" else 0
+                report_id = (
+                    reg.db["forget_reports"]
+                    .insert({"at": now(), "mode": plan.mode, "docs": json.dumps(ids), "report": "{}"})
+                    .last_pk
+                )
+                reg.log("forget", ",".join(ids), plan.mode, {"units": plan.units})
+        except BaseException:
+            reg.sweep_orphans()  # the new, uncommitted files; the old blocks stay in place
+            raise
+        for u in plan.units:
+            (reg.checkpoint_dir() / f"unit-{u}.pt").unlink(missing_ok=True)
+        deleted = len(reg.sweep_orphans())
+        reg.vacuum()
+
+        after = _doc_losses(session, windows, "fetched", "after", progress)
+        ref_gains = reference_gains(session, refs, progress)
+        p_after = _probe_scores(session, forgotten_probes, retained_probes, progress)
+        report = ForgetReport(
+            plan.bank,
+            plan.mode,
+            ids,
+            plan.units,
+            sum(len(f) for f in files),
+            dropped,
+            deleted,
+            0.0,
+            reference={"documents": len(ref_gains), "gain": summary(ref_gains)},
+            report_id=int(report_id or 0),
+        )
+        for d in ids:
+            gain_after = anchor_loss[d] - after[d]
+            above, verdict = judge(gain_after, ref_gains)
+            report.proofs.append(
+                DocProof(
+                    d, anchor_loss[d], before[d], after[d], anchor_loss[d] - before[d], gain_after, above, verdict,
+                    p_before["docs"].get(d), p_after["docs"].get(d),
+                )
+            )  # fmt: skip
+        if retained_probes:
+            b, a = p_before["retained"], p_after["retained"]
+            report.retained_probes = {
+                "n": len(retained_probes),
+                "before": b / len(retained_probes),
+                "after": a / len(retained_probes),
+                "kept": a / b if b else 1.0,
+            }
+        if not ref_gains:
+            report.notes.append(
+                "no reference documents: add unseen ones with `memctl ingest PATH --bank "
+                f"{plan.bank} --reference` to judge whether forgotten documents look unseen"
+            )
+        report.notes.append(
+            "the tree's centroids are means over many windows and are kept (re-clustering would move every "
+            "document); they hold no text and no block parameters"
+        )
+        report.seconds = time.perf_counter() - t0
+        with reg.db.atomic():
+            reg.db["forget_reports"].update(report.report_id, {"report": json.dumps(report.to_dict())})
+        return report
+    finally:
+        session.close()
+
+
+def _probe_scores(
+    session: BankSession, forgotten: list[Probe], retained: list[Probe], progress: Progress | None
+) -> dict[str, Any]:
+    """Fetched-memory probe results: [correct, n] per forgotten document, and retained correct."""
+    out: dict[str, Any] = {"docs": {}, "retained": 0}
+    if forgotten:
+        res = evaluate(session, forgotten, ["fetched"], progress=progress)[0]
+
+        for p, text in zip(forgotten, res.answers, strict=True):
+            c, n = out["docs"].get(p.doc, [0, 0])
+            out["docs"][p.doc] = [c + is_correct(text, p.answers), n + 1]
+    if retained:
+        out["retained"] = evaluate(session, retained, ["fetched"], progress=progress)[0].correct
+    return out
+
+
+# ---- verification ------------------------------------------------------------------------------------
+@dataclass
+class VerifyResult:
+    doc: str
+    in_registry: bool  # its id or its exact text is still a document of the bank
+    traces: list[str]  # bank files that contain a fragment of its text
+    fragments: int  # fragments searched for
+    loss_anchor: float
+    loss_bank: float
+    gain: float
+    above_references: float | None
+    verdict: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.in_registry and not self.traces and self.verdict != "SEEN"
+
+
+def needles(text: str, retained: Sequence[str]) -> list[bytes]:
+    """Distinctive fragments of a text (its longest lines/sentences of >= NEEDLE_CHARS characters)
+    that no retained window contains."""
+    parts = {p.strip() for line in text.splitlines() for p in line.split(". ")}
+    parts = {p for p in parts if len(p) >= NEEDLE_CHARS and not any(p in w for w in retained)}
+    return [p.encode("utf-8") for p in sorted(parts, key=len, reverse=True)[:MAX_NEEDLES]]
+
+
+def scan_files(root: Path, frags: dict[str, list[bytes]]) -> dict[str, list[str]]:
+    """doc -> files under root (relative) containing any of its fragments. Every file is read once."""
+    hits: dict[str, list[str]] = {d: [] for d in frags}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        for doc, fs in frags.items():
+            if any(f in data for f in fs):
+                hits[doc].append(str(path.relative_to(root)))
+    return hits
+
+
+def verify_forgotten(
+    name: str,
+    paths: Sequence[str | Path],
+    *,
+    text_field: str = "text",
+    id_field: str | None = None,
+    home: Path | None = None,
+    progress: Progress | None = None,
+) -> list[VerifyResult]:
+    """Re-check, for documents given again by the user, that the bank holds no trace of them: not in
+    the registry, no fragment of their text in any file of the bank, and a memorisation gain no
+    larger than that of the bank's reference documents."""
+    docs = read_documents(paths, text_field=text_field, id_field=id_field)
+    with BankSession(name, home, serve_blocked=True) as session:
+        reg = session.reg
+        if reg.count("windows") == 0:
+            raise BankStateError(f"bank {name!r} has no documents")
+        known = reg.doc_hashes()
+        shas = set(known.values())
+        retained = [r[0] for r in reg.db.execute("select text from windows")]
+        tok = session.anchor.tokenizer
+
+        def count(text: str) -> int:
+            return len(tok(text, add_special_tokens=False)["input_ids"])
+
+        windows = {d.id: [w.text for w in split_windows(d, session.cfg.window, count)] for d in docs}
+        frags = {d.id: needles(d.text, retained) for d in docs}
+        traces = scan_files(reg.path, frags)
+        alone = _doc_losses(session, windows, "none", "anchor", progress)
+        bank = _doc_losses(session, windows, "fetched", "bank", progress)
+        ref_gains = reference_gains(session, reference_windows(session), progress)
+        out = []
+        for d in docs:
+            gain = alone[d.id] - bank[d.id]
+            above, verdict = judge(gain, ref_gains)
+            out.append(
+                VerifyResult(
+                    d.id, d.id in known or d.sha256 in shas, traces[d.id], len(frags[d.id]),
+                    alone[d.id], bank[d.id], gain, above, verdict,
+                )
+            )  # fmt: skip
+        return out
+
+
+def reports(name: str, home: Path | None = None) -> list[dict[str, Any]]:
+    """Stored forget reports, oldest first."""
+    reg = Registry.open(name, home)
+    try:
+        return [
+            {"id": r["id"], "at": r["at"], "mode": r["mode"], **json.loads(r["report"] or "{}")}
+            for r in reg.db.query("select * from forget_reports order by id")
+        ]
+    finally:
+        reg.close()

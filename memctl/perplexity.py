@@ -1,0 +1,82 @@
+"""Token losses of texts under a bank: the anchor alone, or with the memories each text routes to.
+
+A text is routed on its own embedding (the paper routes whole documents for perplexity); the loss
+is the mean next-token negative log-likelihood over the text's tokens. Used by forgetting proofs
+(a forgotten document's loss must look like that of a document the bank never saw).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .serve import BankSession
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class TextLoss:
+    nll: float  # summed over the predicted tokens
+    tokens: int  # predicted tokens (all but the first)
+
+    @property
+    def mean(self) -> float:
+        return self.nll / self.tokens if self.tokens else float("nan")
+
+
+def combine(losses: Sequence[TextLoss]) -> TextLoss:
+    """Token-weighted total of several windows of one document."""
+    return TextLoss(sum(x.nll for x in losses), sum(x.tokens for x in losses))
+
+
+@torch.no_grad()
+def text_losses(
+    session: BankSession,
+    texts: Sequence[str],
+    mode: str = "fetched",
+    batch_size: int = 8,
+    stage: str = "loss",
+    progress: Progress | None = None,
+) -> list[TextLoss]:
+    """NLL of each text; mode 'fetched' (routed on the text), 'generic' or 'none' (anchor alone)."""
+    tok = session.anchor.tokenizer
+    out: list[TextLoss] = []
+    for s in range(0, len(texts), batch_size):
+        chunk = list(texts[s : s + batch_size])
+        enc = [tok(t, add_special_tokens=False)["input_ids"] for t in chunk]
+        width = max(2, max(len(e) for e in enc))
+        ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for i, e in enumerate(enc):
+            ids[i, : len(e)] = torch.tensor(e, dtype=torch.long)
+            mask[i, : len(e)] = 1
+        paths = session.route(chunk) if mode == "fetched" else None
+        with session.handle.using(session.fetch(mode, paths, len(chunk))):
+            logits = session.anchor.model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (B, T, V)
+        nll = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), ids[:, 1:], reduction="none")  # (B, T-1)
+        valid = mask[:, 1:].bool()
+        for i in range(len(chunk)):
+            out.append(TextLoss(float(nll[i][valid[i]].sum()), int(valid[i].sum())))
+        if progress:
+            progress(stage, min(s + batch_size, len(texts)), len(texts))
+    return out
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """mean, sd, min, max of a list of numbers (NaNs when empty)."""
+    if not values:
+        return {"n": 0, "mean": math.nan, "sd": math.nan, "min": math.nan, "max": math.nan}
+    a = np.asarray(values, dtype=np.float64)
+    return {
+        "n": int(a.size),
+        "mean": float(a.mean()),
+        "sd": float(a.std(ddof=1)) if a.size > 1 else 0.0,
+        "min": float(a.min()),
+        "max": float(a.max()),
+    }

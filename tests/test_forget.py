@@ -1,0 +1,142 @@
+"""Forgetting: exact retraining equals training without the document, no trace is left, nothing
+else moves, an interruption changes nothing, and the proof and its re-check run."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tree_digest
+
+from memctl.bank import ingest
+from memctl.errors import InputError
+from memctl.forget import _remove, forget, plan_forget, verify_forgotten
+from memctl.registry import Registry
+from memctl.train import train
+
+DOC = "metals/0.txt"
+SECRET = b"strong metal used in steel and bridges"
+CFG = {"epochs": 3, "batch_size": 2, "objective": "mix"}  # windows and prompts both train
+
+
+def _blocks(reg: Registry) -> dict[str, dict[str, torch.Tensor]]:
+    return {r["id"]: reg.read_block(r) for r in reg.blocks("file is not null")}
+
+
+def _grep(root: Path, needle: bytes) -> list[str]:
+    return [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+@pytest.fixture()
+def twin_banks(home: Path, corpus: Path, tiny_anchor: Path, tmp_path: Path) -> tuple[Registry, Registry]:
+    """Bank 'a' with every document, and bank 'b': the same bank (same tree, seeds) without DOC.
+    Both trained the same way."""
+    ingest("a", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    refs = tmp_path / "refs"
+    refs.mkdir()
+    (refs / "r1.txt").write_text("Tin is a soft metal that was once used for cans and toys.")
+    (refs / "r2.txt").write_text("The heron is a tall bird that waits in shallow water for fish.")
+    assert ingest("a", [refs], reference=True, home=home).references_added == 2
+    shutil.copytree(home / "banks" / "a", home / "banks" / "b")
+    b = Registry.open("b", home)
+    with b.db.atomic():
+        _remove(b, [DOC])
+    train("a", CFG, home=home)
+    train("b", CFG, home=home)
+    return Registry.open("a", home), b
+
+
+def test_exact_forgetting_equals_training_without_the_document(home: Path, twin_banks) -> None:  # noqa: ANN001
+    a, b = twin_banks
+    assert _grep(a.path, SECRET)  # the text is in the bank before
+    before_rows = {r["id"]: r for r in a.blocks("file is not null")}
+    plan = plan_forget("a", docs=[DOC], home=home)
+    assert plan.units and "generic" in plan.units and plan.windows == 1 and plan.shaped_blocks
+    report = forget(plan, home=home)
+    a = Registry.open("a", home)
+    got, want = _blocks(a), _blocks(b)
+    assert set(got) == set(want)
+    for bid in want:  # every block: retrained ones and untouched ones alike
+        for part in ("gate", "up", "down"):
+            assert torch.equal(got[bid][part], want[bid][part]), (bid, part)
+    # blocks of units the document never touched kept their very file
+    untouched = [r for r in a.blocks("file is not null") if not _in_units(r, plan.units, a.config.tree.k)]
+    assert untouched, "the test corpus should leave some unit untouched"
+    for r in untouched:
+        assert (r["file"], r["sha256"]) == (before_rows[r["id"]]["file"], before_rows[r["id"]]["sha256"])
+    # no trace: rows, prompts, provenance, files
+    assert not a.db.execute("select count(*) from documents where id = ?", [DOC]).fetchone()[0]
+    assert not a.db.execute("select count(*) from block_docs where doc_id = ?", [DOC]).fetchone()[0]
+    assert not a.db.execute("select count(*) from prompts where doc_id = ?", [DOC]).fetchone()[0]
+    assert _grep(a.path, SECRET) == []
+    referenced = {a.path / r["file"] for r in a.blocks("file is not null")}
+    assert set((a.path / "blocks").iterdir()) == referenced  # replaced files are deleted
+    # the report: in the registry, with the proof
+    assert report.report_id and report.blocks_replaced > 0 and report.files_deleted > 0
+    proof = report.proofs[0]
+    assert proof.doc == DOC and proof.verdict in ("unseen", "SEEN") and proof.above_references is not None
+    assert proof.gain_after < proof.gain_before  # the memories lost what they knew of the text
+    assert report.reference["documents"] == 2
+    stored = a.db.execute("select report from forget_reports").fetchone()[0]
+    assert DOC in stored and SECRET.decode() not in stored
+    (again,) = verify_forgotten("a", [Path(str(home)).parent / "docs" / DOC], home=home)
+    assert not again.in_registry and again.traces == [] and again.fragments > 0
+    assert again.verdict == proof.verdict
+
+
+def _in_units(row: dict, units: list[str], k: int) -> bool:
+    if row["level"] == 0:
+        return "generic" in units
+    return str(row["idx"] // k ** (row["level"] - 1)) in units
+
+
+def test_interrupted_forget_changes_nothing(home: Path, twin_banks, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    a, _ = twin_banks
+    digest = tree_digest(a.path)
+    import memctl.forget as fg
+
+    calls = {"n": 0}
+    real = fg.record_unit
+
+    def flaky(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt  # mid-commit: one unit already recorded inside the transaction
+        return real(*args, **kw)
+
+    monkeypatch.setattr(fg, "record_unit", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        forget(plan_forget("a", docs=[DOC], home=home), home=home)
+    assert calls["n"] == 2
+    assert tree_digest(a.path) == digest  # registry and block files exactly as before
+
+
+def test_drop_mode_deletes_the_units_blocks_and_train_restores_them(home: Path, twin_banks) -> None:  # noqa: ANN001
+    a, b = twin_banks
+    plan = plan_forget("a", docs=[DOC], mode="drop", home=home)
+    report = forget(plan, home=home)
+    assert report.blocks_dropped == plan.unit_blocks > 0 and report.blocks_replaced == 0
+    a = Registry.open("a", home)
+    assert a.db.execute("select count(*) from blocks where state = 'dropped'").fetchone()[0] == plan.unit_blocks
+    assert _grep(a.path, SECRET) == []
+    res = train("a", home=home)  # retrains exactly the dropped units, with their own configuration
+    assert sorted(u.unit for u in res.units) == sorted(plan.units)
+    got, want = _blocks(a), _blocks(b)
+    for bid in want:
+        assert torch.equal(got[bid]["down"], want[bid]["down"]), bid
+
+
+def test_forget_rejects_unknown_documents_and_changes_nothing(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    ingest("c", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    digest = tree_digest(home / "banks" / "c")
+    with pytest.raises(InputError, match="unknown document id 'nope'"):
+        plan_forget("c", docs=["nope"], home=home)
+    with pytest.raises(InputError, match="no document .* has tag"):
+        plan_forget("c", tags=["secret"], home=home)
+    with pytest.raises(InputError, match="say what to forget"):
+        plan_forget("c", home=home)
+    with pytest.raises(InputError, match="--mode"):
+        plan_forget("c", docs=[DOC], mode="soft", home=home)
+    assert tree_digest(home / "banks" / "c") == digest
