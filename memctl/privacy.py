@@ -308,3 +308,12 @@ def reach_by_level(reg: Registry, allow: frozenset[str] | None) -> list[dict[str
             }
         )
     return out
+
+
+def privacy_log(name: str, home: Path | None = None) -> list[dict[str, Any]]:
+    """Every block, unblock, forget, export and import of the bank, oldest first."""
+    reg = Registry.open(name, home)
+    try:
+        return [dict(r) for r in reg.db.query("select at, action, target, reason, detail from privacy_log order by id")]
+    finally:
+        reg.close()

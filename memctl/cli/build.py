@@ -1,100 +1,16 @@
-"""memctl command line: parse, call one library function, render with rich.
-
-Library errors become one line on stderr and a non-zero exit, never a traceback
-(set MEMCTL_DEBUG=1 to see one for an unexpected error).
-"""
+"""Commands that build and describe banks: ingest, train, info, list."""
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .errors import MemctlError
-
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    help="Hierarchical parametric memories for a frozen small language model.",
-)
-out = Console()
-err = Console(stderr=True)
-T = TypeVar("T")
-
-BankOpt = Annotated[str, typer.Option("--bank", "-b", help="Bank name (under MEMCTL_HOME, default ~/.memctl).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
-
-
-def run(fn: Callable[[], T]) -> T:
-    """Call into the library; turn errors into one clear line and an exit code."""
-    try:
-        return fn()
-    except MemctlError as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(e.exit_code) from None
-    except KeyboardInterrupt:
-        err.print("[yellow]interrupted[/yellow]")
-        raise typer.Exit(130) from None
-    except Exception as e:  # an unexpected bug: still one line, unless debugging
-        if os.environ.get("MEMCTL_DEBUG"):
-            raise
-        first = (str(e).strip().splitlines() or [""])[0]
-        err.print(
-            f"[red]internal error:[/red] {type(e).__name__}: {first} (MEMCTL_DEBUG=1 shows the traceback)",
-            highlight=False,
-            soft_wrap=True,
-        )
-        raise typer.Exit(3) from None
-
-
-@contextmanager
-def stage_progress(enabled: bool = True) -> Iterator[Callable[[str, int, int], None]]:
-    """A rich progress bar per stage name, driven by the library's (stage, done, total) callback."""
-    if not enabled or not err.is_terminal:
-        yield lambda *_: None
-        return
-    with Progress(
-        TextColumn("{task.description:>10}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    ) as bar:
-        tasks: dict[str, Any] = {}
-
-        def update(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total)
-            bar.update(tasks[stage], completed=done, total=total)
-
-        yield update
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def human_params(n: float) -> str:
-    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= div:
-            return f"{n / div:.2f}{unit}"
-    return str(int(n))
+from .common import BankOpt, JsonOpt, app, err, human_bytes, human_params, out, run, stage_progress
 
 
 @app.command()
@@ -118,13 +34,23 @@ def ingest(
         str | None, typer.Option(help="'minilm' (default) or 'hash' (deterministic test embedder).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the tree and the blocks' initial state.")] = 0,
+    tag: Annotated[
+        list[str] | None,
+        typer.Option(help="Label the documents (repeatable or comma-separated); `--allow` rules read the labels."),
+    ] = None,
+    reference: Annotated[
+        bool,
+        typer.Option(help="Store the documents as never-trained references: the 'unseen' baseline of forget proofs."),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Read documents, window, embed, cluster into a tree and register them in a bank."""
-    from .bank import ingest as do_ingest
-    from .config import parse_int_list, parse_tree
+    from ..bank import ingest as do_ingest
+    from ..config import parse_int_list, parse_tree
+    from ..privacy import parse_tags
 
     def go() -> Any:
+        tags = parse_tags(tag)
         t = parse_tree(tree) if tree else None
         r = parse_int_list(ranks, "--ranks") if ranks else None
         with stage_progress(not as_json) as progress:
@@ -140,6 +66,8 @@ def ingest(
                 anchor=anchor,
                 embedder=embedder,
                 seed=seed,
+                tags=tags,
+                reference=reference,
                 progress=progress,
             )
 
@@ -147,12 +75,20 @@ def ingest(
     if as_json:
         out.print_json(json.dumps(res.__dict__))
         return
+    if reference:
+        out.print(
+            f"bank [bold]{res.bank}[/bold]: {res.references_added} reference document(s) added "
+            f"({res.docs_skipped} already stored); they are never trained or served"
+        )
+        return
     verb = "created" if res.created else "updated"
     out.print(
         f"bank [bold]{res.bank}[/bold] {verb}: {res.docs_added} document(s) added, {res.docs_skipped} already "
         f"present, {res.windows_added} window(s); tree {res.tree[0]}x{res.tree[1]}"
         + (" (re-clustered)" if res.reclustered else " (routed into the existing tree)")
     )
+    if res.tagged:
+        out.print(f"{res.tagged} document(s) already in the bank received the tag(s)")
     if res.stale_blocks:
         out.print(f"{len(res.stale_blocks)} trained block(s) are now stale; `memctl train --bank {bank}` retrains them")
 
@@ -180,8 +116,8 @@ def train(
     as_json: JsonOpt = False,
 ) -> None:
     """Train memory blocks on the frozen anchor; resumes an interrupted run."""
-    from .train import TrainEvent
-    from .train import train as do_train
+    from ..train import TrainEvent
+    from ..train import train as do_train
 
     overrides = {
         "epochs": epochs,
@@ -285,11 +221,18 @@ def train(
 
 
 @app.command()
-def info(bank: BankOpt, as_json: JsonOpt = False) -> None:
-    """Tree, fetched and bank sizes, blocks per level, anchor and training state."""
-    from .bank import info as do_info
+def info(
+    bank: BankOpt,
+    allow: Annotated[
+        str | None, typer.Option(help="TAG,...: also show how many blocks per level these tags can reach.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Tree, fetched and bank sizes, blocks per level, access, anchor and training state."""
+    from ..bank import info as do_info
+    from ..privacy import parse_tags
 
-    d = run(lambda: do_info(bank))
+    d = run(lambda: do_info(bank, allow=parse_tags(allow) if allow is not None else None))
     if as_json:
         out.print_json(json.dumps(d))
         return
@@ -314,10 +257,16 @@ def info(bank: BankOpt, as_json: JsonOpt = False) -> None:
         f"blocks are trained); {human_bytes(d['bytes_on_disk'])} on disk now"
     )
     table = Table()
-    for col in ("level", "rank", "blocks", "params/block", "nodes with data", "windows/node", "trained", "stale"):
+    reach = {r["level"]: r for r in d["access"]["levels"]}
+    allowed = d["access"]["allow"]
+    cols = ["level", "rank", "blocks", "params/block", "nodes with data", "windows/node", "trained", "stale", "blocked"]
+    if allowed is not None:
+        cols.append(f"reachable by {','.join(allowed) or '(no tags)'}")
+    for col in cols:
         table.add_column(col, justify="right")
     for lv in d["levels"]:
         st = lv["states"]
+        extra = [str(reach[lv["level"]]["reachable"])] if allowed is not None else []
         table.add_row(
             str(lv["level"]),
             str(lv["rank"]),
@@ -327,6 +276,8 @@ def info(bank: BankOpt, as_json: JsonOpt = False) -> None:
             f"{lv['windows_per_nonempty_node']:.1f}",
             str(st.get("trained", 0)),
             str(st.get("stale", 0)),
+            str(reach[lv["level"]]["blocked"]),
+            *extra,
         )
     table.add_row(
         "generic",
@@ -337,96 +288,22 @@ def info(bank: BankOpt, as_json: JsonOpt = False) -> None:
         "-",
         "1" if d["generic"]["state"] == "trained" else "0",
         "1" if d["generic"]["state"] == "stale" else "0",
+        str(reach[0]["blocked"]),
+        *([str(reach[0]["reachable"])] if allowed is not None else []),
     )
     out.print(table)
     out.print(f"training  {d['training']}")
-
-
-@app.command()
-def ask(
-    prompt: Annotated[str, typer.Argument(help="The question or text to continue.")],
-    bank: BankOpt,
-    no_memory: Annotated[bool, typer.Option("--no-memory", help="Anchor alone.")] = False,
-    generic: Annotated[bool, typer.Option("--generic", help="The generic memory instead of routed blocks.")] = False,
-    chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the anchor's chat template.")] = False,
-    max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate.")] = 32,
-    as_json: JsonOpt = False,
-) -> None:
-    """Answer with the memory blocks the prompt routes to (only those are read)."""
-    from .errors import InputError
-    from .serve import ask as do_ask
-
-    def go() -> Any:
-        if no_memory and generic:
-            raise InputError("--no-memory and --generic exclude each other")
-        if max_new_tokens < 1:
-            raise InputError("--max-new-tokens must be at least 1")
-        mode = "none" if no_memory else "generic" if generic else "fetched"
-        return do_ask(bank, prompt, mode=mode, max_new_tokens=max_new_tokens, chat=chat)
-
-    d = run(go)
-    if as_json:
-        out.print_json(json.dumps(d))
-        return
-    out.print(d["answer"].strip(), highlight=False)
-    where = {"none": "anchor alone", "generic": "generic memory"}.get(d["mode"])
-    if where is None:
-        where = f"path {'/'.join(map(str, d['path']))}, blocks {', '.join(d['blocks']) or 'none trained'}"
-    t = d["timings"]
-    err.print(
-        f"[dim]{where}; route {1e3 * t['route_s']:.0f} ms, fetch {1e3 * t['fetch_s']:.0f} ms, "
-        f"generate {1e3 * t['generate_s']:.0f} ms[/dim]",
-        highlight=False,
+    tags = ", ".join(f"{t} {n}" for t, n in d["tags"].items()) or "none"
+    out.print(
+        f"privacy   documents by tag: {tags}; {d['references']} reference document(s); "
+        f"{d['forget_reports']} forget report(s)"
     )
-
-
-@app.command("eval")
-def eval_cmd(
-    bank: BankOpt,
-    probes: Annotated[Path, typer.Option(help="Probe JSONL: {doc, kind, prompt, answers}.")],
-    setups: Annotated[
-        str, typer.Option(help="Comma-separated: anchor, generic, fetched, oracle-rag (own document in the prompt).")
-    ] = "anchor,generic,fetched",
-    limit: Annotated[int | None, typer.Option(help="Evaluate a reproducible sample of N probes.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the --limit sample.")] = 0,
-    batch_size: Annotated[int, typer.Option(help="Probes per generation batch.")] = 16,
-    as_json: JsonOpt = False,
-) -> None:
-    """Probe accuracy (with 95% Wilson intervals) of the anchor alone, the generic memory and fetched memories."""
-    from .evaluate import evaluate, load_probes, sample_probes, wilson
-    from .serve import BankSession
-
-    def go() -> Any:
-        ps = sample_probes(load_probes(probes), limit, seed)
-        names = [s.strip() for s in setups.split(",") if s.strip()]
-        with BankSession(bank) as session, stage_progress(not as_json) as progress:
-            return evaluate(session, ps, names, batch_size=batch_size, progress=progress)
-
-    results = run(go)
-    if as_json:
-        out.print_json(json.dumps({"bank": bank, "probes": str(probes), "results": [r.to_dict() for r in results]}))
-        return
-    kinds = sorted({k for r in results for k in r.per_kind})
-    table = Table(title=f"probe accuracy on {bank} ({results[0].n} probes)")
-    table.add_column("setup")
-    table.add_column("accuracy", justify="right")
-    table.add_column("95% CI", justify="right")
-    for k in kinds:
-        table.add_column(k, justify="right")
-    table.add_column("time", justify="right")
-    for r in results:
-        lo, hi = wilson(r.correct, r.n)
-        cells = [f"{100 * c / n:.1f}%" if n else "-" for c, n in (r.per_kind.get(k, (0, 0)) for k in kinds)]
-        table.add_row(
-            r.setup, f"{100 * r.accuracy:.1f}%", f"{100 * lo:.1f}–{100 * hi:.1f}%", *cells, f"{r.seconds:.0f}s"
-        )
-    out.print(table)
 
 
 @app.command("list")
 def list_banks(as_json: JsonOpt = False) -> None:
     """Banks under MEMCTL_HOME."""
-    from .registry import memctl_home
+    from ..registry import memctl_home
 
     root = memctl_home() / "banks"
     names = sorted(p.name for p in root.iterdir() if (p / "registry.db").is_file()) if root.is_dir() else []
@@ -437,11 +314,3 @@ def list_banks(as_json: JsonOpt = False) -> None:
             out.print(n)
         if not names:
             err.print(f"no banks under {root}")
-
-
-def main() -> None:  # pragma: no cover
-    app()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(app())

@@ -1,0 +1,92 @@
+"""Shared pieces of the command line: the typer app, consoles, error handling, progress, formatting.
+
+Library errors become one line on stderr and a non-zero exit, never a traceback
+(set MEMCTL_DEBUG=1 to see one for an unexpected error).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..errors import MemctlError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Hierarchical parametric memories for a frozen small language model.",
+)
+out = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+
+BankOpt = Annotated[str, typer.Option("--bank", "-b", help="Bank name (under MEMCTL_HOME, default ~/.memctl).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def run(fn: Callable[[], T]) -> T:
+    """Call into the library; turn errors into one clear line and an exit code."""
+    try:
+        return fn()
+    except MemctlError as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(e.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/yellow]")
+        raise typer.Exit(130) from None
+    except Exception as e:  # an unexpected bug: still one line, unless debugging
+        if os.environ.get("MEMCTL_DEBUG"):
+            raise
+        first = (str(e).strip().splitlines() or [""])[0]
+        err.print(
+            f"[red]internal error:[/red] {type(e).__name__}: {first} (MEMCTL_DEBUG=1 shows the traceback)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(3) from None
+
+
+@contextmanager
+def stage_progress(enabled: bool = True) -> Iterator[Callable[[str, int, int], None]]:
+    """A rich progress bar per stage name, driven by the library's (stage, done, total) callback."""
+    if not enabled or not err.is_terminal:
+        yield lambda *_: None
+        return
+    with Progress(
+        TextColumn("{task.description:>10}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
+        tasks: dict[str, Any] = {}
+
+        def update(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        yield update
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def human_params(n: float) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f}{unit}"
+    return str(int(n))
