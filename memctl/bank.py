@@ -99,6 +99,7 @@ def ingest(
     `reference=True` stores the documents as never-trained references instead: the 'unseen'
     baseline that forgetting proofs compare a forgotten document with."""
     home = home or memctl_home()
+    tags = parse_tags(tags)
     t0 = time.perf_counter()
     secs: dict[str, float] = {}
     docs = read_documents(paths, text_field=text_field, id_field=id_field)

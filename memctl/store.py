@@ -3,9 +3,9 @@ whose budget is counted in bytes, and never serves a block that is blocked or ou
 
 * Only blocks on a requested path are ever read; untrained blocks (no file: down is zero, so they
   change nothing) are reported as absent rather than loaded.
-* Blocks of the shallow levels (`pin_levels`, and the generic memory) are pinned: consecutive
-  questions in the same subtree re-read only deeper blocks. Unpinned blocks are evicted least
-  recently used first once the cache passes its byte budget.
+* The byte budget counts every loaded block. Blocks of the shallow levels (`pin_levels`, and the
+  generic memory) are pinned, never evicted: consecutive questions in the same subtree re-read only
+  deeper blocks. Unpinned blocks are evicted least recently used first while the cache is over budget.
 * A blocked block, or one that the session's `allow` tags cannot reach, is withheld *before* any
   file is touched. The store re-reads the registry's block table whenever the database changed
   (another process blocked a block, a retrain switched files), so neither a blocked nor a replaced

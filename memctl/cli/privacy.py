@@ -189,6 +189,7 @@ def forget(
             f"forget {len(plan.docs)} document(s) ({plan.windows} window(s), {plan.prompts} prompt(s); they shaped "
             f"{len(plan.shaped_blocks)} block(s)): {cost if plan.units else 'no trained block to redo'}",
             highlight=False,
+            soft_wrap=True,
         )
     if not yes:
         if not sys.stdin.isatty():

@@ -1,0 +1,502 @@
+"""Moving banks between owners: one archive file out, every byte checked on the way in.
+
+An archive is a plain tar holding exactly `manifest.json`, `registry.db` (a consistent SQLite
+snapshot) and `blocks/<file>` for each exported block. With access tags, only the blocks those
+tags can reach leave the bank, with only the documents carrying one of them; the copy is
+rebuilt so that the other documents leave no bytes behind.
+
+Import trusts nothing: member names and types, manifest, registry checksum and integrity, schema
+version, block set, block checksums and safetensors headers, and the anchor's identity are all
+checked in a staging directory, which becomes the bank (one rename) only when everything passed.
+No tensor is loaded while checking.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import sqlite3
+import tarfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from .anchor import fingerprint, resolve_anchor
+from .config import BankConfig, MemoryConfig
+from .errors import AnchorError, BankStateError, InputError, IntegrityError
+from .memory import PARTS
+from .privacy import doc_tags, reachable_blocks
+from .registry import Registry, check_name, memctl_home, now
+from .registry.blockfile import read_header
+from .registry.migrations import MIGRATIONS
+
+FORMAT = "memctl-bank"
+VERSION = 1
+MANIFEST, REGISTRY, BLOCKS = "manifest.json", "registry.db", "blocks/"
+BLOCK_FILE = re.compile(r"^(L\d{1,2}-\d{6,12}|generic)\.[0-9a-f]{16}\.safetensors$")
+MAX_MANIFEST = 64 * 2**20
+_KEYS = ("format", "version", "bank", "created", "schema_version", "anchor_sha256", "config", "allow")
+_KEYS += ("registry_sha256", "blocks")
+_BLOCK_KEYS = {"id": str, "level": int, "idx": int, "file": str, "sha256": str, "bytes": int}
+
+
+@dataclass
+class ExportResult:
+    bank: str
+    file: Path
+    blocks: int  # block files in the archive
+    documents: int  # documents in the archive's registry
+    bytes: int  # size of the archive
+    allow: list[str] | None  # the access tags the export was restricted to, or None (everything)
+
+
+@dataclass
+class ImportResult:
+    bank: str
+    path: Path  # the new bank's directory
+    blocks: int
+    documents: int
+    anchor: Path  # the local anchor the bank was checked against
+
+
+# ---- export ---------------------------------------------------------------------------------------
+def export_bank(
+    name: str,
+    out: Path,
+    allow: frozenset[str] | None = None,
+    home: Path | None = None,
+    overwrite: bool = False,
+) -> ExportResult:
+    """Write bank `name` to the archive `out` (all of it, or what the `allow` tags can reach).
+    The archive appears complete or not at all; the export is recorded in the bank's privacy log."""
+    out = Path(out).expanduser().absolute()
+    if out.is_dir():
+        raise InputError(f"{out} is a directory; give the archive's file name, e.g. {out / (name + '.memctl')}")
+    if out.exists() and not overwrite:
+        raise InputError(f"{out} already exists; choose another file name or pass --overwrite")
+    if not out.parent.is_dir():
+        raise InputError(f"directory {out.parent} does not exist; create it first")
+    if allow is not None and not allow:
+        raise InputError("--allow needs at least one tag")
+    reg = Registry.open(name, home)
+    # The unfiltered working copy holds private text: it stays on the bank's own disk, never next to `out`.
+    work = reg.path / f".export{os.getpid()}"
+    part = out.with_name(f".{out.name}.part{os.getpid()}")
+    try:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
+        reg.db.execute("VACUUM INTO ?", [str(work / REGISTRY)])  # a consistent snapshot, even mid-train
+        copy = Registry(work, name)
+        try:
+            rows = copy.blocks("file is not null")
+            if allow is not None:
+                reach = reachable_blocks(copy, allow)  # on the untouched snapshot: every training document counts
+                rows = [r for r in rows if r["id"] in reach and not r["blocked"]]
+                _restrict(copy, allow, {r["id"] for r in rows})
+            bank, documents = copy.bank, copy.count("documents")
+            schema = max(r[0] for r in copy.db.execute("select version from schema_migrations"))
+        finally:
+            copy.close()
+        db_path = work / REGISTRY
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "bank": name,
+            "created": now(),
+            "schema_version": schema,
+            "anchor_sha256": bank["anchor_sha256"],
+            "config": bank["config"],
+            "allow": sorted(allow) if allow is not None else None,
+            "registry_sha256": _sha256_file(db_path),
+            "blocks": [
+                {
+                    "id": r["id"],
+                    "level": r["level"],
+                    "idx": r["idx"],
+                    "file": r["file"],
+                    "sha256": r["sha256"],
+                    "bytes": _size(reg.path / r["file"]),
+                }
+                for r in rows
+            ],
+        }
+        _write_archive(part, manifest, db_path, reg.path)
+        os.replace(part, out)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    try:
+        reg.log("export", str(out), "", {"allow": manifest["allow"], "blocks": len(rows)})
+    finally:
+        reg.close()
+    return ExportResult(name, out, len(rows), documents, out.stat().st_size, manifest["allow"])
+
+
+def _restrict(copy: Registry, allow: frozenset[str], keep: set[str]) -> None:
+    """Reduce the snapshot to the documents carrying an `allow` tag and the blocks in `keep`;
+    then rebuild the file so that nothing else leaves a byte in it."""
+    drop = [d for d, tags in doc_tags(copy).items() if not tags & allow]
+    if len(drop) == copy.count("documents"):
+        raise InputError(f"no document of bank {copy.name!r} carries any of the tags {', '.join(sorted(allow))}")
+    withheld = [r["id"] for r in copy.blocks("file is not null") if r["id"] not in keep]
+    with copy.db.atomic():
+        if drop:
+            copy.remove_documents(drop)
+        for table in ("reference_docs", "privacy_log", "forget_reports"):
+            copy.db.execute(f"delete from {table}")
+        for bid in withheld:
+            copy.db.execute("delete from block_docs where block_id = ?", [bid])
+            copy.db["blocks"].update(
+                bid,
+                {
+                    "file": None,
+                    "sha256": None,
+                    "state": "withheld",
+                    "trained_tokens": 0,
+                    "blocked": 0,
+                    "blocked_reason": None,
+                    "blocked_at": None,
+                    "updated": now(),
+                },
+            )
+        counts: Counter[tuple[int, int]] = Counter()
+        for (path,) in copy.db.execute("select path from windows"):
+            counts.update((lvl, int(n)) for lvl, n in enumerate(path.split(","), start=1))
+        for level, idx in list(copy.db.execute("select level, idx from nodes")):
+            copy.db.execute(
+                "update nodes set n_windows = ? where level = ? and idx = ?", [counts[(level, idx)], level, idx]
+            )
+    copy.db.execute("PRAGMA secure_delete=ON")
+    copy.vacuum()
+
+
+def _write_archive(part: Path, manifest: dict[str, Any], db_path: Path, bank_dir: Path) -> None:
+    """manifest, registry, then each block (checksum verified while it streams in); fsynced."""
+    with part.open("xb") as f:
+        with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            data = json.dumps(manifest, indent=1, sort_keys=True).encode()
+            _add(tar, MANIFEST, io.BytesIO(data), len(data))
+            with db_path.open("rb") as src:
+                _add(tar, REGISTRY, src, _size(db_path))
+            for b in manifest["blocks"]:
+                path = bank_dir / b["file"]
+                try:
+                    src = path.open("rb")
+                except FileNotFoundError:
+                    raise IntegrityError(
+                        f"block file {path} vanished during the export (was the bank retrained?); export again"
+                    ) from None
+                with src:
+                    reader = _Hashing(src)
+                    _add(tar, b["file"], reader, b["bytes"])
+                if reader.sha.hexdigest() != b["sha256"]:
+                    raise IntegrityError(f"block file {path} does not match its checksum; it was changed or corrupted")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _add(tar: tarfile.TarFile, arcname: str, src: IO[bytes] | _Hashing, size: int) -> None:
+    info = tarfile.TarInfo(arcname)  # owner 0, no user or group names: nothing about the exporter
+    info.size, info.mode, info.mtime = size, 0o644, int(time.time())
+    tar.addfile(info, src)
+
+
+class _Hashing:
+    """A reader that hashes what passes through it."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f, self.sha = f, hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        chunk = self.f.read(n)
+        self.sha.update(chunk)
+        return chunk
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        raise IntegrityError(f"block file {path} is missing; retrain the bank (memctl train --retrain)") from None
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ---- import ---------------------------------------------------------------------------------------
+def import_bank(
+    archive: Path, name: str | None = None, anchor: str | None = None, home: Path | None = None
+) -> ImportResult:
+    """Check the archive in full, then add it as bank `name` (default: the exported bank's name).
+    `anchor` is the local copy of the anchor the bank was built on, when its stored path is not here."""
+    archive = Path(archive).expanduser()
+    home = home or memctl_home()
+    try:
+        tar = tarfile.open(archive, mode="r:")
+    except FileNotFoundError:
+        raise InputError(f"no such file: {archive}") from None
+    except (tarfile.TarError, OSError) as e:
+        raise InputError(
+            f"{archive} is not a memctl bank archive (an uncompressed tar from `memctl export`): {e}"
+        ) from None
+    with tar:
+        members = _check_members(tar, archive)
+        manifest = _read_manifest(tar, members[MANIFEST], archive)
+        name = check_name(name or manifest["bank"])
+        final = Registry.bank_dir(name, home)
+        if final.exists():
+            raise BankStateError(f"bank {name!r} already exists at {final}; import under another name (--name)")
+        staging = final.with_name(f".{name}.import{os.getpid()}")
+        try:
+            shutil.rmtree(staging, ignore_errors=True)
+            (staging / "blocks").mkdir(parents=True)
+            files = _extract(tar, members, staging, archive)
+            result = _adopt(staging, name, manifest, files, anchor, archive)
+            if final.exists():
+                raise BankStateError(f"bank {name!r} appeared at {final} during the import; import under another name")
+            os.rename(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    result.path = final
+    return result
+
+
+def _check_members(tar: tarfile.TarFile, archive: Path) -> dict[str, tarfile.TarInfo]:
+    """Only regular files with the names an export writes, each once; manifest and registry present."""
+    try:
+        infos = tar.getmembers()
+    except (tarfile.TarError, OSError) as e:
+        raise InputError(f"{archive} is truncated or corrupted: {e}") from None
+    members: dict[str, tarfile.TarInfo] = {}
+    for m in infos:
+        if not m.isreg():
+            kind = "link" if m.issym() or m.islnk() else "directory" if m.isdir() else "special file"
+            raise InputError(f"{archive}: member {m.name!r} is a {kind}; a bank archive holds only regular files")
+        ok = m.name in (MANIFEST, REGISTRY) or (m.name.startswith(BLOCKS) and BLOCK_FILE.match(m.name[len(BLOCKS) :]))
+        if not ok:
+            raise InputError(
+                f"{archive}: unexpected member {m.name!r}; a bank archive holds only {MANIFEST}, {REGISTRY} and "
+                f"{BLOCKS}*.safetensors"
+            )
+        if m.name in members:
+            raise InputError(f"{archive}: member {m.name!r} appears twice")
+        members[m.name] = m
+    for need in (MANIFEST, REGISTRY):
+        if need not in members:
+            raise InputError(f"{archive} has no {need}; it is not a bank archive from `memctl export`")
+    return members
+
+
+def _read_manifest(tar: tarfile.TarFile, info: tarfile.TarInfo, archive: Path) -> dict[str, Any]:
+    if info.size > MAX_MANIFEST:
+        raise InputError(f"{archive}: {MANIFEST} is {info.size} bytes, too big for a bank manifest")
+    try:
+        src = tar.extractfile(info)
+        assert src is not None  # a regular file
+        manifest = json.loads(src.read())
+    except (tarfile.TarError, OSError, ValueError) as e:
+        raise InputError(f"{archive}: {MANIFEST} is not readable JSON: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise InputError(f"{archive}: {MANIFEST} is not a {FORMAT} manifest")
+    if manifest.get("version") != VERSION:
+        raise InputError(
+            f"{archive}: archive format version {manifest.get('version')!r} is not {VERSION}; upgrade memctl"
+        )
+    missing = [k for k in _KEYS if k not in manifest]
+    if missing:
+        raise InputError(f"{archive}: {MANIFEST} lacks {', '.join(missing)}")
+    blocks = manifest["blocks"]
+    good = isinstance(blocks, list) and all(
+        isinstance(b, dict) and all(isinstance(b.get(k), t) for k, t in _BLOCK_KEYS.items()) for b in blocks
+    )
+    if not good or not all(
+        isinstance(manifest[k], str) for k in ("bank", "anchor_sha256", "config", "registry_sha256")
+    ):
+        raise InputError(f"{archive}: {MANIFEST} is malformed (a field has the wrong type)")
+    return manifest
+
+
+def _extract(
+    tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], staging: Path, archive: Path
+) -> dict[str, tuple[str, int]]:
+    """Copy registry and blocks into `staging`, member by member. Returns name -> (sha256, bytes)."""
+    files: dict[str, tuple[str, int]] = {}
+    for arc, info in members.items():
+        if arc == MANIFEST:
+            continue
+        try:
+            src = tar.extractfile(info)
+            assert src is not None
+            reader, n = _Hashing(src), 0
+            with (staging / arc).open("xb") as dst:
+                while chunk := reader.read(1 << 20):
+                    dst.write(chunk)
+                    n += len(chunk)
+        except tarfile.TarError as e:
+            raise InputError(f"{archive} is truncated or corrupted at {arc!r}: {e}") from None
+        files[arc] = (reader.sha.hexdigest(), n)
+    return files
+
+
+def _adopt(
+    staging: Path,
+    name: str,
+    manifest: dict[str, Any],
+    files: dict[str, tuple[str, int]],
+    anchor: str | None,
+    archive: Path,
+) -> ImportResult:
+    """Every check on the staged bank; then point it at the local anchor and log the import."""
+    if files[REGISTRY][0] != manifest["registry_sha256"]:
+        raise IntegrityError(f"{archive}: {REGISTRY} does not match its checksum; the archive is corrupted")
+    _check_database(staging / REGISTRY, archive)
+    try:
+        reg = Registry(staging, name)  # applies pending migrations (an archive from an older memctl)
+    except sqlite3.Error as e:
+        raise InputError(f"{archive}: {REGISTRY} is not a memctl registry: {e}") from None
+    try:
+        try:
+            banks = [dict(r) for r in reg.db.query("select * from banks")]
+            cfg = BankConfig.from_json(banks[0]["config"]) if len(banks) == 1 else None
+        except (sqlite3.Error, ValueError, KeyError, TypeError) as e:
+            raise InputError(f"{archive}: the bank's configuration is malformed: {e}") from None
+        if cfg is None:
+            raise InputError(f"{archive}: {REGISTRY} holds {len(banks)} banks, not one")
+        bank = banks[0]
+        if bank["anchor_sha256"] != manifest["anchor_sha256"] or bank["config"] != manifest["config"]:
+            raise IntegrityError(f"{archive}: manifest and registry disagree about the bank; the archive was altered")
+        n_blocks = _check_blocks(reg, cfg, manifest, files, staging, archive)
+        path = _check_anchor(cfg, bank["anchor_sha256"], anchor, name)
+        spec = cfg.anchor if anchor is None else (str(path) if anchor != "default" else "default")
+        config = json.loads(bank["config"])
+        config["anchor"] = spec
+        with reg.db.atomic():
+            reg.db.execute(
+                "update banks set name = ?, anchor = ?, config = ?",
+                [name, str(path), BankConfig.from_json(json.dumps(config)).to_json()],
+            )
+            reg.log(
+                "import",
+                str(archive),
+                "",
+                {"from_bank": manifest["bank"], "created": manifest["created"], "allow": manifest["allow"]}
+                | {"blocks": n_blocks, "anchor": str(path)},
+            )
+        documents = reg.count("documents")
+    finally:
+        reg.close()
+    return ImportResult(name, staging, n_blocks, documents, path)
+
+
+def _check_database(path: Path, archive: Path) -> None:
+    """SQLite's own integrity check, no triggers or views (they would run on our writes), and a schema
+    this memctl knows."""
+    try:
+        conn = sqlite3.connect(path.as_uri() + "?mode=ro", uri=True)
+        try:
+            check = conn.execute("PRAGMA integrity_check").fetchone()
+            if not check or check[0] != "ok":
+                raise IntegrityError(f"{archive}: {REGISTRY} fails SQLite's integrity check; the archive is corrupted")
+            extra = conn.execute("select name from sqlite_master where type in ('trigger', 'view')").fetchone()
+            if extra:
+                raise InputError(f"{archive}: {REGISTRY} defines {extra[0]!r}, which no memctl registry has")
+            version = conn.execute("select max(version) from schema_migrations").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise InputError(f"{archive}: {REGISTRY} is not a memctl registry: {e}") from None
+    if not isinstance(version, int):
+        raise InputError(f"{archive}: {REGISTRY} has no schema version; it is not a memctl registry")
+    if version > len(MIGRATIONS):
+        raise InputError(
+            f"{archive} was made by a newer memctl (schema {version}, this one knows {len(MIGRATIONS)}); upgrade memctl"
+        )
+
+
+def _check_blocks(
+    reg: Registry,
+    cfg: BankConfig,
+    manifest: dict[str, Any],
+    files: dict[str, tuple[str, int]],
+    staging: Path,
+    archive: Path,
+) -> int:
+    """Registry rows with a file == manifest blocks == archived files; checksums, names, headers."""
+    rows = {r["file"]: r for r in reg.blocks("file is not null")}
+    listed = {b["file"]: b for b in manifest["blocks"]}
+    stored = {f for f in files if f.startswith(BLOCKS)}
+    for what, got in (("the manifest", set(listed)), ("the archive", stored)):
+        if got != set(rows):
+            diff = sorted((set(rows) - got) or (got - set(rows)))
+            side = "lacks" if set(rows) - got else "has extra"
+            raise IntegrityError(f"{archive}: {what} {side} block file {diff[0]} (registry and {what} disagree)")
+    for file, row in rows.items():
+        sha, size = files[file]
+        entry = listed[file]
+        stem = "generic" if row["level"] == 0 else f"L{row['level']}-{row['idx']:06d}"
+        if file != f"{BLOCKS}{stem}.{str(row['sha256'])[:16]}.safetensors":
+            raise IntegrityError(f"{archive}: block {row['id']} has file name {file}, which is not its own")
+        if (entry["id"], entry["level"], entry["idx"], entry["sha256"]) != (
+            row["id"],
+            row["level"],
+            row["idx"],
+            row["sha256"],
+        ):
+            raise IntegrityError(f"{archive}: manifest and registry disagree about block {row['id']}")
+        if sha != row["sha256"] or size != entry["bytes"]:
+            raise IntegrityError(f"{archive}: block file {file} does not match its checksum; the archive is corrupted")
+        want = cfg.memory.ranks[row["level"] - 1] if row["level"] else cfg.memory.fetched_rank
+        if row["rank"] != want:
+            raise IntegrityError(f"{archive}: block {row['id']} has rank {row['rank']}, the configuration says {want}")
+        check_block_header(staging / file, cfg.memory, row["rank"])
+    return len(rows)
+
+
+def check_block_header(path: Path, memory: MemoryConfig, rank: int) -> None:
+    """A block file holds exactly gate/up/down, float32, of shape (memory layers, rank, hidden)."""
+    header = read_header(path)
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    if set(tensors) != set(PARTS):
+        raise IntegrityError(f"{path.name} holds tensors {sorted(tensors)}, expected {', '.join(PARTS)}")
+    want = [len(memory.layers), rank, memory.hidden]
+    for part in PARTS:
+        spec = tensors[part]
+        start, end = (int(v) for v in spec["data_offsets"])
+        if spec["dtype"] != "F32" or list(spec["shape"]) != want or end - start != 4 * want[0] * want[1] * want[2]:
+            raise IntegrityError(
+                f"{path.name}: tensor {part!r} is {spec['dtype']} {list(spec['shape'])}, expected F32 {want}"
+            )
+
+
+def _check_anchor(cfg: BankConfig, digest: str, anchor: str | None, name: str) -> Path:
+    """The local anchor (given, or the one the bank names) must be the very model the bank was built on."""
+    try:
+        path = resolve_anchor(anchor or cfg.anchor)
+    except AnchorError:
+        if anchor is not None:
+            raise
+        raise AnchorError(
+            f"bank {name!r} was built on anchor {cfg.anchor} (sha256 {digest[:12]}), which is not on this machine; "
+            "pass --anchor PATH to your copy of it"
+        ) from None
+    local = fingerprint(path)
+    if local != digest:
+        raise AnchorError(
+            f"anchor {path} has sha256 {local[:12]} but bank {name!r} was built on {digest[:12]}; "
+            "pass --anchor PATH to a copy of the anchor it was built on"
+        )
+    return path
