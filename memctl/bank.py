@@ -462,9 +462,16 @@ def training_state(reg: Registry) -> str:
         return f"interrupted ({len(ckpts)} unit checkpoint(s)); run `memctl train` to resume"
     if not states:
         return "untrained"
+    notes = []
     if states.get("stale"):
-        return f"trained, {states['stale']} stale block(s) after new documents"
-    return "trained"
+        notes.append(f"{states['stale']} stale block(s) after new documents")
+    if states.get("dropped"):
+        notes.append(f"{states['dropped']} block(s) dropped by forget")
+    if states.get("withheld"):
+        notes.append(f"{states['withheld']} block(s) withheld by the export this bank came from")
+    if not notes:
+        return "trained"
+    return "trained, " + "; ".join(notes) + " (`memctl train` retrains their units on the documents held here)"
 
 
 def require_bank(name: str, home: Path | None = None) -> Registry:

@@ -13,11 +13,10 @@ Nothing is visible until one transaction removes the documents (windows, embeddi
 provenance) and switches the blocks; an interruption before it leaves the bank as it was. Then the
 replaced block files and checkpoints are deleted and SQLite (secure_delete on) is vacuumed.
 
-The proof compares each forgotten document's memorisation *gain* (anchor-alone loss minus bank loss,
-memories routed on the text) before and after, with the gains of reference documents the bank never
-saw (`memctl ingest --reference`). A document looks unseen when its gain is no larger than the
-largest reference gain. With a probe file, its probes' accuracy and that of retained documents are
-measured before and after too.
+The proof (memctl.proof) compares each forgotten document's memorisation gains (text and facts)
+before and after with those of reference documents the bank never saw (`memctl ingest --reference`).
+With a probe file, its probes' accuracy and that of retained documents are measured before and
+after too.
 """
 
 from __future__ import annotations
@@ -30,14 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .config import TrainConfig, train_config_from_json
-from .corpus import Document, read_documents, split_windows
-from .errors import BankStateError, InputError, MemctlError
+from .errors import InputError, MemctlError
 from .evaluate import Probe, evaluate, is_correct
-from .perplexity import TextLoss, combine, summary, text_losses
 from .privacy import check_docs, doc_blocks, parse_tags
+from .proof import DocText, baseline, gains, judge, measure
 from .registry import Registry, dumps, memctl_home, now
 from .serve import BankSession
 from .train import TrainedUnit, TrainEvent, head_split_ok, record_unit, sigint_flag, train_unit, write_unit
@@ -71,12 +67,14 @@ class ForgetPlan:
 @dataclass
 class DocProof:
     doc: str
-    loss_anchor: float
-    loss_before: float
+    loss_anchor: float  # mean token loss of the document's windows, anchor alone
+    loss_before: float  # ... with the bank before forgetting
     loss_after: float
-    gain_before: float  # anchor loss - bank loss: what the memories had learned of the text
+    gain_before: float  # anchor loss - bank loss: what the memories could recite of the text
     gain_after: float
-    above_references: float | None  # share of reference documents whose gain is below this one's
+    fact_gain_before: float  # the same on the answers of the document's cloze prompts: what they knew
+    fact_gain_after: float
+    above_references: float | None  # share of reference documents whose text gain is below this one's
     verdict: str  # unseen | SEEN | unverified (no references)
     probes_before: list[int] | None = None  # [correct, n]
     probes_after: list[int] | None = None
@@ -93,7 +91,7 @@ class ForgetReport:
     files_deleted: int
     seconds: float
     proofs: list[DocProof] = field(default_factory=list)
-    reference: dict[str, Any] = field(default_factory=dict)  # gains of unseen documents
+    reference: dict[str, Any] = field(default_factory=dict)  # gains of unseen documents (proof.Baseline)
     retained_probes: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     report_id: int = 0
@@ -225,46 +223,6 @@ def plan_forget(
         reg.close()
 
 
-# ---- the proof ---------------------------------------------------------------------------------------
-def _doc_losses(session: BankSession, windows: dict[str, list[str]], mode: str, stage: str, progress: Any) -> dict:
-    flat = [(doc, text) for doc, texts in windows.items() for text in texts]
-    losses = text_losses(session, [t for _d, t in flat], mode, stage=stage, progress=progress)
-    per: dict[str, list[TextLoss]] = {}
-    for (doc, _t), loss in zip(flat, losses, strict=True):
-        per.setdefault(doc, []).append(loss)
-    return {doc: combine(v).mean for doc, v in per.items()}
-
-
-def reference_windows(session: BankSession) -> dict[str, list[str]]:
-    """The bank's reference documents, cut into windows as ingest would cut them."""
-    tok = session.anchor.tokenizer
-
-    def count(text: str) -> int:
-        return len(tok(text, add_special_tokens=False)["input_ids"])
-
-    out = {}
-    for r in session.reg.db.query("select id, source, title, text from reference_docs order by id"):
-        doc = Document(r["id"], r["text"], r["source"], r["title"])
-        out[r["id"]] = [w.text for w in split_windows(doc, session.cfg.window, count)]
-    return out
-
-
-def reference_gains(session: BankSession, refs: dict[str, list[str]], progress: Any = None) -> list[float]:
-    if not refs:
-        return []
-    bank = _doc_losses(session, refs, "fetched", "references", progress)
-    alone = _doc_losses(session, refs, "none", "references", progress)
-    return [alone[d] - bank[d] for d in refs]
-
-
-def judge(gain: float, ref_gains: Sequence[float]) -> tuple[float | None, str]:
-    """(share of references with a smaller gain, verdict): unseen when no larger than the largest."""
-    if not ref_gains:
-        return None, "unverified"
-    above = float(np.mean([g < gain for g in ref_gains]))
-    return above, "unseen" if gain <= max(ref_gains) else "SEEN"
-
-
 # ---- forgetting --------------------------------------------------------------------------------------
 def _remove(reg: Registry, doc_ids: list[str]) -> None:
     """Documents with windows, embeddings, prompts and provenance; node sizes follow."""
@@ -311,15 +269,15 @@ def forget(
     reg = session.reg
     try:
         ids = check_docs(reg, plan.docs)
-        windows: dict[str, list[str]] = {d: [] for d in ids}
-        for r in reg.db.query(
-            f"select doc_id, text from windows where doc_id in ({','.join('?' for _ in ids)}) order by doc_id, idx",
-            ids,
-        ):
-            windows[r["doc_id"]].append(r["text"])
-        refs = reference_windows(session)
-        anchor_loss = _doc_losses(session, windows, "none", "anchor", progress)
-        before = _doc_losses(session, windows, "fetched", "before", progress)
+        marks = ",".join("?" for _ in ids)
+        titles = {
+            r[0]: r[1] or "" for r in reg.db.execute(f"select id, title from documents where id in ({marks})", ids)
+        }
+        texts = {d: DocText(titles[d], []) for d in ids}  # held in memory only: the proof needs them after
+        for r in reg.db.query(f"select doc_id, text from windows where doc_id in ({marks}) order by doc_id, idx", ids):
+            texts[r["doc_id"]].windows.append(r["text"])
+        alone = measure(session, texts, "none", "anchor", progress)
+        before = measure(session, texts, "fetched", "before", progress)
         probes = list(probes or [])
         forgotten_probes = [p for p in probes if p.doc in set(ids)]
         retained_probes = [p for p in probes if p.doc not in set(ids)]
@@ -369,8 +327,9 @@ def forget(
         deleted = len(reg.sweep_orphans())
         reg.vacuum()
 
-        after = _doc_losses(session, windows, "fetched", "after", progress)
-        ref_gains = reference_gains(session, refs, progress)
+        after = measure(session, texts, "fetched", "after", progress)
+        base = baseline(session, progress)
+        g_before, g_after = gains(alone, before), gains(alone, after)
         p_after = _probe_scores(session, forgotten_probes, retained_probes, progress)
         report = ForgetReport(
             plan.bank,
@@ -381,16 +340,16 @@ def forget(
             dropped,
             deleted,
             0.0,
-            reference={"documents": len(ref_gains), "gain": summary(ref_gains)},
+            reference=base.to_dict(),
             report_id=int(report_id or 0),
         )
         for d in ids:
-            gain_after = anchor_loss[d] - after[d]
-            above, verdict = judge(gain_after, ref_gains)
+            above, verdict = judge(g_after[d], base)
             report.proofs.append(
                 DocProof(
-                    d, anchor_loss[d], before[d], after[d], anchor_loss[d] - before[d], gain_after, above, verdict,
-                    p_before["docs"].get(d), p_after["docs"].get(d),
+                    d, alone[d].text, before[d].text, after[d].text, g_before[d].text, g_after[d].text,
+                    g_before[d].facts, g_after[d].facts, above, verdict, p_before["docs"].get(d),
+                    p_after["docs"].get(d),
                 )
             )  # fmt: skip
         if retained_probes:
@@ -401,7 +360,7 @@ def forget(
                 "after": a / len(retained_probes),
                 "kept": a / b if b else 1.0,
             }
-        if not ref_gains:
+        if not base.text:
             report.notes.append(
                 "no reference documents: add unseen ones with `memctl ingest PATH --bank "
                 f"{plan.bank} --reference` to judge whether forgotten documents look unseen"
@@ -432,87 +391,6 @@ def _probe_scores(
     if retained:
         out["retained"] = evaluate(session, retained, ["fetched"], progress=progress)[0].correct
     return out
-
-
-# ---- verification ------------------------------------------------------------------------------------
-@dataclass
-class VerifyResult:
-    doc: str
-    in_registry: bool  # its id or its exact text is still a document of the bank
-    traces: list[str]  # bank files that contain a fragment of its text
-    fragments: int  # fragments searched for
-    loss_anchor: float
-    loss_bank: float
-    gain: float
-    above_references: float | None
-    verdict: str
-
-    @property
-    def ok(self) -> bool:
-        return not self.in_registry and not self.traces and self.verdict != "SEEN"
-
-
-def needles(text: str, retained: Sequence[str]) -> list[bytes]:
-    """Distinctive fragments of a text (its longest lines/sentences of >= NEEDLE_CHARS characters)
-    that no retained window contains."""
-    parts = {p.strip() for line in text.splitlines() for p in line.split(". ")}
-    parts = {p for p in parts if len(p) >= NEEDLE_CHARS and not any(p in w for w in retained)}
-    return [p.encode("utf-8") for p in sorted(parts, key=len, reverse=True)[:MAX_NEEDLES]]
-
-
-def scan_files(root: Path, frags: dict[str, list[bytes]]) -> dict[str, list[str]]:
-    """doc -> files under root (relative) containing any of its fragments. Every file is read once."""
-    hits: dict[str, list[str]] = {d: [] for d in frags}
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        data = path.read_bytes()
-        for doc, fs in frags.items():
-            if any(f in data for f in fs):
-                hits[doc].append(str(path.relative_to(root)))
-    return hits
-
-
-def verify_forgotten(
-    name: str,
-    paths: Sequence[str | Path],
-    *,
-    text_field: str = "text",
-    id_field: str | None = None,
-    home: Path | None = None,
-    progress: Progress | None = None,
-) -> list[VerifyResult]:
-    """Re-check, for documents given again by the user, that the bank holds no trace of them: not in
-    the registry, no fragment of their text in any file of the bank, and a memorisation gain no
-    larger than that of the bank's reference documents."""
-    docs = read_documents(paths, text_field=text_field, id_field=id_field)
-    with BankSession(name, home, serve_blocked=True) as session:
-        reg = session.reg
-        if reg.count("windows") == 0:
-            raise BankStateError(f"bank {name!r} has no documents")
-        known = reg.doc_hashes()
-        shas = set(known.values())
-        retained = [r[0] for r in reg.db.execute("select text from windows")]
-        tok = session.anchor.tokenizer
-
-        def count(text: str) -> int:
-            return len(tok(text, add_special_tokens=False)["input_ids"])
-
-        windows = {d.id: [w.text for w in split_windows(d, session.cfg.window, count)] for d in docs}
-        frags = {d.id: needles(d.text, retained) for d in docs}
-        traces = scan_files(reg.path, frags)
-        alone = _doc_losses(session, windows, "none", "anchor", progress)
-        bank = _doc_losses(session, windows, "fetched", "bank", progress)
-        ref_gains = reference_gains(session, reference_windows(session), progress)
-        out = []
-        for d in docs:
-            gain = alone[d.id] - bank[d.id]
-            above, verdict = judge(gain, ref_gains)
-            out.append(
-                VerifyResult(
-                    d.id, d.id in known or d.sha256 in shas, traces[d.id], len(frags[d.id]),
-                    alone[d.id], bank[d.id], gain, above, verdict,
-                )
-            )  # fmt: skip
-        return out
 
 
 def reports(name: str, home: Path | None = None) -> list[dict[str, Any]]:

@@ -80,3 +80,43 @@ def summary(values: Sequence[float]) -> dict[str, float]:
         "min": float(a.min()),
         "max": float(a.max()),
     }
+
+
+@torch.no_grad()
+def answer_losses(
+    session: BankSession,
+    pairs: Sequence[tuple[str, str]],
+    mode: str = "fetched",
+    batch_size: int = 16,
+    stage: str = "facts",
+    progress: Progress | None = None,
+) -> list[TextLoss]:
+    """NLL of each answer's tokens (' ' + answer) after its prompt; memories routed on the prompt,
+    as a question is routed at inference. Measures what the bank knows, not what it can recite."""
+    tok = session.anchor.tokenizer
+    out: list[TextLoss] = []
+    for s in range(0, len(pairs), batch_size):
+        chunk = list(pairs[s : s + batch_size])
+        seqs, starts = [], []
+        for prompt, answer in chunk:
+            p = tok(prompt, add_special_tokens=False)["input_ids"]
+            a = tok(" " + answer, add_special_tokens=False)["input_ids"]
+            seqs.append(p + a)
+            starts.append(len(p))
+        width = max(len(x) for x in seqs)
+        ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for i, x in enumerate(seqs):
+            ids[i, : len(x)] = torch.tensor(x, dtype=torch.long)
+            mask[i, : len(x)] = 1
+        paths = session.route([p for p, _a in chunk]) if mode == "fetched" else None
+        with session.handle.using(session.fetch(mode, paths, len(chunk))):
+            logits = session.anchor.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        logp = torch.log_softmax(logits.float(), -1)
+        for i, (x, st) in enumerate(zip(seqs, starts, strict=True)):
+            pos = torch.arange(st - 1, len(x) - 1)
+            nll = -logp[i, pos, torch.tensor(x[st:], dtype=torch.long)].sum()
+            out.append(TextLoss(float(nll), len(x) - st))
+        if progress:
+            progress(stage, min(s + batch_size, len(pairs)), len(pairs))
+    return out

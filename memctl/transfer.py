@@ -1,18 +1,15 @@
-"""Moving banks between owners: one archive file out, every byte checked on the way in.
+"""Moving banks between owners: one archive out, every byte checked on the way in.
 
-An archive is a plain tar holding exactly `manifest.json`, `registry.db` (a consistent SQLite
-snapshot) and `blocks/<file>` for each exported block. With access tags, only the blocks those
-tags can reach leave the bank, with only the documents carrying one of them; the copy is
-rebuilt so that the other documents leave no bytes behind.
-
-Import trusts nothing: member names and types, manifest, registry checksum and integrity, schema
-version, block set, block checksums and safetensors headers, and the anchor's identity are all
-checked in a staging directory, which becomes the bank (one rename) only when everything passed.
-No tensor is loaded while checking.
+An archive is a plain tar of exactly `manifest.json`, `registry.db` (a consistent SQLite snapshot) and
+`blocks/<file>` per exported block. With access tags, only the blocks they reach leave, with only the
+documents carrying one of them, and the snapshot is rebuilt so the rest leaves no bytes behind.
+Import checks members, manifest, registry, blocks (checksums, headers) and the anchor's identity in a
+staging directory that becomes the bank in one rename; no tensor is loaded while checking.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -85,14 +82,30 @@ def export_bank(
     if allow is not None and not allow:
         raise InputError("--allow needs at least one tag")
     reg = Registry.open(name, home)
-    # The unfiltered working copy holds private text: it stays on the bank's own disk, never next to `out`.
-    work = reg.path / f".export{os.getpid()}"
     part = out.with_name(f".{out.name}.part{os.getpid()}")
     try:
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir()
+        try:
+            manifest, documents = _snapshot(reg, allow, part)
+            os.replace(part, out)
+        except BaseException:
+            part.unlink(missing_ok=True)
+            raise
+        n = len(manifest["blocks"])
+        reg.log("export", str(out), "", {"allow": manifest["allow"], "blocks": n})
+    finally:
+        reg.close()
+    return ExportResult(name, out, n, documents, out.stat().st_size, manifest["allow"])
+
+
+def _snapshot(reg: Registry, allow: frozenset[str] | None, part: Path) -> tuple[dict[str, Any], int]:
+    """Snapshot the registry, restrict it to `allow`, write the archive to `part`. Returns (manifest, documents).
+    The unfiltered working copy holds private text: it stays on the bank's own disk, never next to the archive."""
+    work = reg.path / f".export{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    try:
         reg.db.execute("VACUUM INTO ?", [str(work / REGISTRY)])  # a consistent snapshot, even mid-train
-        copy = Registry(work, name)
+        copy = Registry(work, reg.name)
         try:
             rows = copy.blocks("file is not null")
             if allow is not None:
@@ -103,41 +116,26 @@ def export_bank(
             schema = max(r[0] for r in copy.db.execute("select version from schema_migrations"))
         finally:
             copy.close()
-        db_path = work / REGISTRY
+        with (work / REGISTRY).open("rb") as f:
+            registry_sha = hashlib.file_digest(f, "sha256").hexdigest()
         manifest = {
             "format": FORMAT,
             "version": VERSION,
-            "bank": name,
+            "bank": reg.name,
             "created": now(),
             "schema_version": schema,
             "anchor_sha256": bank["anchor_sha256"],
             "config": bank["config"],
             "allow": sorted(allow) if allow is not None else None,
-            "registry_sha256": _sha256_file(db_path),
+            "registry_sha256": registry_sha,
             "blocks": [
-                {
-                    "id": r["id"],
-                    "level": r["level"],
-                    "idx": r["idx"],
-                    "file": r["file"],
-                    "sha256": r["sha256"],
-                    "bytes": _size(reg.path / r["file"]),
-                }
-                for r in rows
+                {k: r[k] for k in _BLOCK_KEYS if k != "bytes"} | {"bytes": _size(reg.path / r["file"])} for r in rows
             ],
         }
-        _write_archive(part, manifest, db_path, reg.path)
-        os.replace(part, out)
-    except BaseException:
-        part.unlink(missing_ok=True)
-        raise
+        _write_archive(part, manifest, work / REGISTRY, reg.path)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    try:
-        reg.log("export", str(out), "", {"allow": manifest["allow"], "blocks": len(rows)})
-    finally:
-        reg.close()
-    return ExportResult(name, out, len(rows), documents, out.stat().st_size, manifest["allow"])
+    return manifest, documents
 
 
 def _restrict(copy: Registry, allow: frozenset[str], keep: set[str]) -> None:
@@ -152,20 +150,12 @@ def _restrict(copy: Registry, allow: frozenset[str], keep: set[str]) -> None:
             copy.remove_documents(drop)
         for table in ("reference_docs", "privacy_log", "forget_reports"):
             copy.db.execute(f"delete from {table}")
-        for bid in withheld:
+        for bid in withheld:  # the row stays (the tree is whole); its file, provenance and any reason go
             copy.db.execute("delete from block_docs where block_id = ?", [bid])
-            copy.db["blocks"].update(
-                bid,
-                {
-                    "file": None,
-                    "sha256": None,
-                    "state": "withheld",
-                    "trained_tokens": 0,
-                    "blocked": 0,
-                    "blocked_reason": None,
-                    "blocked_at": None,
-                    "updated": now(),
-                },
+            copy.db.execute(
+                "update blocks set file = null, sha256 = null, state = 'withheld', trained_tokens = 0, blocked = 0, "
+                "blocked_reason = null, blocked_at = null, updated = ? where id = ?",
+                [now(), bid],
             )
         counts: Counter[tuple[int, int]] = Counter()
         for (path,) in copy.db.execute("select path from windows"):
@@ -226,14 +216,6 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:
         raise IntegrityError(f"block file {path} is missing; retrain the bank (memctl train --retrain)") from None
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ---- import ---------------------------------------------------------------------------------------
@@ -323,9 +305,8 @@ def _read_manifest(tar: tarfile.TarFile, info: tarfile.TarInfo, archive: Path) -
     good = isinstance(blocks, list) and all(
         isinstance(b, dict) and all(isinstance(b.get(k), t) for k, t in _BLOCK_KEYS.items()) for b in blocks
     )
-    if not good or not all(
-        isinstance(manifest[k], str) for k in ("bank", "anchor_sha256", "config", "registry_sha256")
-    ):
+    good = good and all(isinstance(manifest[k], str) for k in ("bank", "anchor_sha256", "config", "registry_sha256"))
+    if not good or not (manifest["allow"] is None or isinstance(manifest["allow"], list)):
         raise InputError(f"{archive}: {MANIFEST} is malformed (a field has the wrong type)")
     return manifest
 
@@ -364,42 +345,38 @@ def _adopt(
     if files[REGISTRY][0] != manifest["registry_sha256"]:
         raise IntegrityError(f"{archive}: {REGISTRY} does not match its checksum; the archive is corrupted")
     _check_database(staging / REGISTRY, archive)
+    reg: Registry | None = None
     try:
         reg = Registry(staging, name)  # applies pending migrations (an archive from an older memctl)
-    except sqlite3.Error as e:
-        raise InputError(f"{archive}: {REGISTRY} is not a memctl registry: {e}") from None
-    try:
-        try:
-            banks = [dict(r) for r in reg.db.query("select * from banks")]
-            cfg = BankConfig.from_json(banks[0]["config"]) if len(banks) == 1 else None
-        except (sqlite3.Error, ValueError, KeyError, TypeError) as e:
-            raise InputError(f"{archive}: the bank's configuration is malformed: {e}") from None
-        if cfg is None:
+        banks = [dict(r) for r in reg.db.query("select * from banks")]
+        if len(banks) != 1:
             raise InputError(f"{archive}: {REGISTRY} holds {len(banks)} banks, not one")
         bank = banks[0]
+        cfg = _parse_config(bank["config"], archive)
         if bank["anchor_sha256"] != manifest["anchor_sha256"] or bank["config"] != manifest["config"]:
             raise IntegrityError(f"{archive}: manifest and registry disagree about the bank; the archive was altered")
         n_blocks = _check_blocks(reg, cfg, manifest, files, staging, archive)
         path = _check_anchor(cfg, bank["anchor_sha256"], anchor, name)
         spec = cfg.anchor if anchor is None else (str(path) if anchor != "default" else "default")
-        config = json.loads(bank["config"])
-        config["anchor"] = spec
+        config = dataclasses.replace(cfg, anchor=spec).to_json()
+        detail = {"from_bank": manifest["bank"], "created": manifest["created"], "allow": manifest["allow"]}
         with reg.db.atomic():
-            reg.db.execute(
-                "update banks set name = ?, anchor = ?, config = ?",
-                [name, str(path), BankConfig.from_json(json.dumps(config)).to_json()],
-            )
-            reg.log(
-                "import",
-                str(archive),
-                "",
-                {"from_bank": manifest["bank"], "created": manifest["created"], "allow": manifest["allow"]}
-                | {"blocks": n_blocks, "anchor": str(path)},
-            )
+            reg.db.execute("update banks set name = ?, anchor = ?, config = ?", [name, str(path), config])
+            reg.log("import", str(archive), "", detail | {"blocks": n_blocks, "anchor": str(path)})
         documents = reg.count("documents")
+    except sqlite3.Error as e:
+        raise InputError(f"{archive}: {REGISTRY} is not a memctl registry: {e}") from None
     finally:
-        reg.close()
+        if reg is not None:
+            reg.close()
     return ImportResult(name, staging, n_blocks, documents, path)
+
+
+def _parse_config(text: Any, archive: Path) -> BankConfig:
+    try:
+        return BankConfig.from_json(text)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise InputError(f"{archive}: the bank's configuration is malformed: {e!r}") from None
 
 
 def _check_database(path: Path, archive: Path) -> None:
@@ -444,22 +421,20 @@ def _check_blocks(
             diff = sorted((set(rows) - got) or (got - set(rows)))
             side = "lacks" if set(rows) - got else "has extra"
             raise IntegrityError(f"{archive}: {what} {side} block file {diff[0]} (registry and {what} disagree)")
+    ranks = cfg.memory.ranks
     for file, row in rows.items():
         sha, size = files[file]
         entry = listed[file]
+        if not (isinstance(row["level"], int) and isinstance(row["idx"], int) and 0 <= row["level"] <= len(ranks)):
+            raise IntegrityError(f"{archive}: block {row['id']} has a bad level or index")
         stem = "generic" if row["level"] == 0 else f"L{row['level']}-{row['idx']:06d}"
         if file != f"{BLOCKS}{stem}.{str(row['sha256'])[:16]}.safetensors":
             raise IntegrityError(f"{archive}: block {row['id']} has file name {file}, which is not its own")
-        if (entry["id"], entry["level"], entry["idx"], entry["sha256"]) != (
-            row["id"],
-            row["level"],
-            row["idx"],
-            row["sha256"],
-        ):
+        if any(entry[k] != row[k] for k in ("id", "level", "idx", "sha256")):
             raise IntegrityError(f"{archive}: manifest and registry disagree about block {row['id']}")
         if sha != row["sha256"] or size != entry["bytes"]:
             raise IntegrityError(f"{archive}: block file {file} does not match its checksum; the archive is corrupted")
-        want = cfg.memory.ranks[row["level"] - 1] if row["level"] else cfg.memory.fetched_rank
+        want = ranks[row["level"] - 1] if row["level"] else cfg.memory.fetched_rank
         if row["rank"] != want:
             raise IntegrityError(f"{archive}: block {row['id']} has rank {row['rank']}, the configuration says {want}")
         check_block_header(staging / file, cfg.memory, row["rank"])

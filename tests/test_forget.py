@@ -12,7 +12,8 @@ from conftest import tree_digest
 
 from memctl.bank import ingest
 from memctl.errors import InputError
-from memctl.forget import _remove, forget, plan_forget, verify_forgotten
+from memctl.forget import _remove, forget, plan_forget
+from memctl.proof import verify_forgotten
 from memctl.registry import Registry
 from memctl.train import train
 

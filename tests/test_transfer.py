@@ -212,6 +212,17 @@ def test_export_refusals_leave_nothing(home: Path, src: Registry, tmp_path: Path
         export_bank("src", tmp_path / "nowhere" / "x.memctl", home=home)
     assert not out.exists() and sorted(p.name for p in src.path.iterdir()) == ["blocks", "checkpoints", "registry.db"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["home"]
+    out.write_bytes(b"an older archive")
+    assert export_bank("src", out, home=home, overwrite=True).blocks > 0 and tarfile.is_tarfile(out)
+    before = out.read_bytes()
+    row = src.blocks("file is not null")[0]  # a block corrupted on the owner's disk is never shipped
+    data = bytearray((src.path / row["file"]).read_bytes())
+    data[-1] ^= 0x01
+    (src.path / row["file"]).write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="does not match its checksum"):
+        export_bank("src", out, home=home, overwrite=True)
+    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["home", "x.memctl"]
+    assert sorted(p.name for p in src.path.iterdir()) == ["blocks", "checkpoints", "registry.db"]
 
 
 def _flip_block(members: dict[str, bytes], tmp: Path) -> dict[str, bytes]:

@@ -216,16 +216,18 @@ def _print_report(r: Any) -> None:
         f"{r.blocks_dropped} dropped, {r.files_deleted} file(s) deleted; report #{r.report_id} stored in the registry"
     )
     ref = r.reference
+    caption = None
+    if ref["documents"]:
+        t, f = ref["gain"], ref["fact_gain"]
+        caption = (
+            f"{ref['documents']} unseen reference documents: text gain {t['mean']:+.3f} ± {t['sd']:.3f} "
+            f"(max {t['max']:+.3f}); fact gain {f['mean']:+.3f} ± {f['sd']:.3f} (max {f['max']:+.3f})"
+        )
     table = Table(
-        title="proof of forgetting: memorisation gain = anchor-alone loss − bank loss (nats/token)",
-        caption=(
-            f"unseen reference documents ({ref['documents']}): gain {ref['gain']['mean']:.3f} ± "
-            f"{ref['gain']['sd']:.3f}, max {ref['gain']['max']:.3f}"
-            if ref["documents"]
-            else None
-        ),
+        title="proof of forgetting: gain = anchor-alone loss − bank loss (nats/token), on the text and on its facts",
+        caption=caption,
     )
-    for col in ("document", "anchor loss", "loss before", "loss after", "gain before", "gain after", "verdict"):
+    for col in ("document", "anchor loss", "loss before → after", "text gain", "fact gain", "verdict"):
         table.add_column(col, justify="right")
     has_probes = any(p.probes_before for p in r.proofs)
     if has_probes:
@@ -234,10 +236,9 @@ def _print_report(r: Any) -> None:
         row = [
             p.doc,
             f"{p.loss_anchor:.3f}",
-            f"{p.loss_before:.3f}",
-            f"{p.loss_after:.3f}",
-            f"{p.gain_before:+.3f}",
-            f"{p.gain_after:+.3f}",
+            f"{p.loss_before:.3f} → {p.loss_after:.3f}",
+            f"{p.gain_before:+.3f} → {p.gain_after:+.3f}",
+            f"{p.fact_gain_before:+.3f} → {p.fact_gain_after:+.3f}",
             p.verdict,
         ]
         if has_probes:
@@ -265,7 +266,7 @@ def verify_forgotten(
 ) -> None:
     """Re-check that the bank holds no trace of these documents: not in the registry, no fragment of
     their text in any file of the bank, and no more memorised than unseen reference documents."""
-    from ..forget import verify_forgotten as do_verify
+    from ..proof import verify_forgotten as do_verify
 
     def go() -> Any:
         with stage_progress(not as_json) as progress:
@@ -277,7 +278,15 @@ def verify_forgotten(
         out.print_json(json.dumps({"ok": ok, "documents": [dict(r.__dict__, ok=r.ok) for r in results]}))
     else:
         table = Table(title=f"verify-forgotten on {bank}")
-        for col in ("document", "in registry", "files with its text", "gain", "above references", "verdict"):
+        for col in (
+            "document",
+            "in registry",
+            "files with its text",
+            "text gain",
+            "fact gain",
+            "above refs",
+            "verdict",
+        ):
             table.add_column(col, justify="right")
         for r in results:
             table.add_row(
@@ -285,6 +294,7 @@ def verify_forgotten(
                 "YES" if r.in_registry else "no",
                 ", ".join(r.traces) or f"none ({r.fragments} fragments searched)",
                 f"{r.gain:+.3f}",
+                f"{r.fact_gain:+.3f}",
                 pct(r.above_references),
                 r.verdict,
             )
@@ -301,13 +311,15 @@ def export_cmd(
     allow: Annotated[
         str | None, typer.Option(help="TAG,...: export only documents with these tags and the blocks they can reach.")
     ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace FILE if it exists.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Write a bank to one archive, whole or restricted to what some tags can reach."""
     from ..privacy import parse_tags
     from ..transfer import export_bank
 
-    res = run(lambda: export_bank(bank, file, allow=parse_tags(allow) if allow is not None else None))
+    tags = parse_tags(allow) if allow is not None else None
+    res = run(lambda: export_bank(bank, file, allow=tags, overwrite=overwrite))
     if as_json:
         out.print_json(json.dumps(res.__dict__, default=str))
         return
