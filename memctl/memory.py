@@ -40,15 +40,23 @@ class Fetched:
     levels: list[LevelFetch]
     batch: int
 
-    def layer_weights(self, slot: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """For memory layer `slot`: per level (G, U, D, mask) with G/U/D (r, d) shared or (B, r, d)."""
+    def layer_weights(
+        self, slot: int, rows: int | None = None
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """For memory layer `slot`: per level (G, U, D, mask) with G/U/D (r, d) shared or (B, r, d).
+        `rows`: the batch the layer sees; a multiple of `batch` (beams, several samples per prompt,
+        expanded the way transformers expands inputs) repeats each sample's blocks."""
         out = []
+        rows = rows or self.batch
+        if rows % self.batch:
+            raise ValueError(f"memories were chosen for {self.batch} rows, the model runs {rows}")
         for lv in self.levels:
             if lv.shared():
                 out.append((lv.gate[0, slot], lv.up[0, slot], lv.down[0, slot], None))
                 continue
-            idx = lv.index.clamp(min=0)
-            mask = (lv.index >= 0).to(lv.gate.dtype)  # (B,)
+            index = lv.index.repeat_interleave(rows // self.batch) if rows != self.batch else lv.index
+            idx = index.clamp(min=0)
+            mask = (index >= 0).to(lv.gate.dtype)  # (B,)
             out.append((lv.gate[idx, slot], lv.up[idx, slot], lv.down[idx, slot], mask))
         return out
 
@@ -56,7 +64,7 @@ class Fetched:
 def memory_delta(x: torch.Tensor, fetched: Fetched, slot: int, act: Act) -> torch.Tensor:
     """Extra FFN output of the fetched neurons at memory layer `slot`. x: (B, T, d) -> (B, T, d)."""
     delta = torch.zeros_like(x)
-    for g, u, dn, mask in fetched.layer_weights(slot):
+    for g, u, dn, mask in fetched.layer_weights(slot, x.shape[0]):
         g = g.to(x.dtype)
         u = u.to(x.dtype)
         dn = dn.to(x.dtype)

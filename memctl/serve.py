@@ -6,21 +6,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 
-from .anchor import Anchor, MemoryHandle, attach, load_anchor
-from .embed import Embedder, get_embedder
+from .anchor import Anchor, MemoryHandle, load_anchor
+from .api import Memories
 from .errors import BankStateError, InputError
 from .memory import Fetched
-from .registry import Registry, block_id, memctl_home
-from .store import DEFAULT_CACHE_MB, BlockStore
-from .tree import Tree, route
-
-Mode = Literal["fetched", "generic", "none"]
-MODES: tuple[str, ...] = ("fetched", "generic", "none")
+from .rag import Retrieved, with_context
+from .registry import block_id
+from .store import DEFAULT_CACHE_MB
+from .tree import route
 
 
 @dataclass
@@ -32,6 +30,7 @@ class Answer:
     blocks: list[str] = field(default_factory=list)
     withheld: list[str] = field(default_factory=list)  # blocks on the path that are blocked or out of reach
     timings: dict[str, float] = field(default_factory=dict)
+    retrieved: dict[str, Any] | None = None  # RAG: the window put in the prompt (id, document, title, score)
 
 
 @torch.no_grad()
@@ -58,8 +57,8 @@ def greedy(
     return tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
-class BankSession:
-    """A bank attached to its loaded anchor: the Python API behind ask, eval and chat."""
+class BankSession(Memories):
+    """A bank attached to its own anchor, loaded here: the Python API behind ask, eval and chat."""
 
     def __init__(
         self,
@@ -72,45 +71,18 @@ class BankSession:
         pin_levels: int = 1,
         serve_blocked: bool = False,
     ) -> None:
-        """Open bank `name` on its anchor. `allow`: access tags (None = the owner: every block that is
-        not blocked); `cache_mb`: byte budget of loaded blocks; `pin_levels`: levels kept loaded."""
-        if cache_mb < 0:
-            raise InputError("--cache-mb must be non-negative")
-        self.reg = Registry.open(name, home or memctl_home())
-        self.cfg = self.reg.config
-        if self.reg.count("windows") == 0:
-            raise BankStateError(f"bank {name!r} has no documents")
-        self.anchor = anchor or load_anchor(self.cfg.anchor, home or memctl_home())
-        if self.anchor.digest != self.reg.bank["anchor_sha256"]:
-            raise BankStateError(f"the anchor at {self.anchor.path} is not the one bank {name!r} was built on")
-        self.embedder: Embedder = get_embedder(self.cfg.embedder)
-        self.tree: Tree = self.reg.load_tree()
-        self.store = BlockStore(self.reg, int(cache_mb * 2**20), pin_levels, allow, serve_blocked)
-        self.handle: MemoryHandle = attach(self.anchor.model, self.cfg.memory.layers)
-
-    def close(self) -> None:
-        self.handle.detach()
-        self.reg.close()
+        super().__init__(name, home, allow=allow, cache_mb=cache_mb, pin_levels=pin_levels, serve_blocked=serve_blocked)
+        try:
+            self.anchor = anchor or load_anchor(self.cfg.anchor, self.home)
+            if self.anchor.digest != self.reg.bank["anchor_sha256"]:
+                raise BankStateError(f"the anchor at {self.anchor.path} is not the one bank {name!r} was built on")
+            self.attach(self.anchor.model)
+        except BaseException:
+            self.reg.close()
+            raise
 
     def __enter__(self) -> BankSession:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def route(self, texts: Sequence[str]) -> np.ndarray:
-        """(B,) texts -> (B, p) node index per level."""
-        return route(self.tree, self.embedder.encode(list(texts)))
-
-    def fetch(self, mode: str, paths: np.ndarray | None, batch: int) -> Fetched | None:
-        if mode == "none":
-            return None
-        if mode == "generic":
-            return self.store.fetch_generic(batch)
-        if mode == "fetched":
-            assert paths is not None
-            return self.store.fetch_paths(paths)
-        raise InputError(f"unknown memory mode {mode!r}; use one of {', '.join(MODES)}")
 
     def encode_prompts(self, prompts: Sequence[str], chat: bool) -> list[str]:
         tok = self.anchor.tokenizer
@@ -131,30 +103,49 @@ class BankSession:
         max_new_tokens: int = 32,
         chat: bool = False,
         paths: np.ndarray | None = None,
+        rag: bool = False,
     ) -> list[Answer]:
-        """Greedy answers for a batch; every row fetches the blocks of its own route."""
+        """Greedy answers for a batch; every row fetches the blocks of its own route. With `rag`, each
+        row also gets the nearest window of its routed leaf in its prompt (any memory mode)."""
         if not prompts:
             return []
         t0 = time.perf_counter()
-        if mode == "fetched" and paths is None:
-            paths = self.route(prompts)
+        x = None
+        if (mode == "fetched" or rag) and paths is None:
+            x = self.embedder.encode(list(prompts))
+            paths = route(self.tree, x)
         t_route = time.perf_counter() - t0
         t1 = time.perf_counter()
-        fetched = self.fetch(mode, paths, len(prompts))
-        t_fetch = time.perf_counter() - t1
+        found: list[Retrieved | None] = [None] * len(prompts)
+        texts = list(prompts)
+        if rag:
+            assert paths is not None
+            if x is None:
+                x = self.embedder.encode(list(prompts))
+            found = self.retriever.retrieve(x, paths)
+            texts = [with_context(r.text, p, self.anchor.tokenizer, self._rag_budget(p, max_new_tokens)) if r else p
+                     for p, r in zip(prompts, found, strict=True)]  # fmt: skip
+        t_retrieve = time.perf_counter() - t1
         t2 = time.perf_counter()
-        texts = greedy(self.anchor, self.handle, self.encode_prompts(prompts, chat), fetched, max_new_tokens)
-        t_gen = time.perf_counter() - t2
+        fetched = self.fetch(mode, paths, len(prompts))
+        t_fetch = time.perf_counter() - t2
+        t3 = time.perf_counter()
+        outs = greedy(self.anchor, self.handle, self.encode_prompts(texts, chat), fetched, max_new_tokens)
+        t_gen = time.perf_counter() - t3
+        timings = {"route_s": t_route, "retrieve_s": t_retrieve, "fetch_s": t_fetch, "generate_s": t_gen}
         answers = []
-        for i, (p, t) in enumerate(zip(prompts, texts, strict=True)):
+        for i, (p, t) in enumerate(zip(prompts, outs, strict=True)):
             path = [int(v) for v in paths[i]] if paths is not None and mode == "fetched" else None
             blocks, withheld = self._blocks_used(mode, path)
-            answers.append(
-                Answer(
-                    p, t, mode, path, blocks, withheld, {"route_s": t_route, "fetch_s": t_fetch, "generate_s": t_gen}
-                )
-            )
+            r = found[i]
+            answers.append(Answer(p, t, mode, path, blocks, withheld, timings, r.to_dict() if r else None))
         return answers
+
+    def _rag_budget(self, prompt: str, max_new_tokens: int) -> int:
+        """Tokens the retrieved window may take: a bank window, within the anchor's context."""
+        limit = int(getattr(self.anchor.model.config, "max_position_embeddings", 2048) or 2048)
+        used = len(self.anchor.tokenizer(prompt, add_special_tokens=False)["input_ids"]) + max_new_tokens + 64
+        return max(0, min(self.cfg.window, limit - used))
 
     def _blocks_used(self, mode: str, path: list[int] | None) -> tuple[list[str], list[str]]:
         """(blocks served, blocks withheld: blocked or out of reach) for one answer."""
@@ -178,11 +169,12 @@ def ask(
     home: Path | None = None,
     allow: frozenset[str] | None = None,
     cache_mb: float = DEFAULT_CACHE_MB,
+    rag: bool = False,
 ) -> dict[str, Any]:
     if not prompt.strip():
         raise InputError("the prompt is empty")
     with BankSession(name, home, allow=allow, cache_mb=cache_mb) as s:
-        ans = s.generate([prompt], mode=mode, max_new_tokens=max_new_tokens, chat=chat)[0]
+        ans = s.generate([prompt], mode=mode, max_new_tokens=max_new_tokens, chat=chat, rag=rag)[0]
         return {
             "bank": name,
             "prompt": prompt,
@@ -191,6 +183,7 @@ def ask(
             "path": ans.path,
             "blocks": ans.blocks,
             "withheld": ans.withheld,
+            "retrieved": ans.retrieved,
             "allow": sorted(allow) if allow is not None else None,
             "timings": ans.timings,
             "store": s.store.stats.to_dict(),

@@ -68,15 +68,10 @@ class BlockStore:
         self.refresh()
 
     # ---- registry view -------------------------------------------------------------------------
-    def _db_version(self) -> tuple[int, int]:
-        """Changes by other connections (data_version) and by this one (total_changes)."""
-        conn = self.reg.db.conn
-        return int(conn.execute("PRAGMA data_version").fetchone()[0]), conn.total_changes
-
     def refresh(self, force: bool = False) -> None:
         """Re-read which blocks exist and may be served, if the registry changed since the last look.
         Cached blocks that were blocked, put out of reach, replaced or dropped leave the cache."""
-        version = self._db_version()
+        version = self.reg.version()
         if version == self._version and not force:
             return
         rows = {(r["level"], r["idx"]): r for r in self.reg.blocks("file is not null")}
@@ -91,7 +86,7 @@ class BlockStore:
             row = self._rows.get(key)
             if row is None or row["sha256"] != self._cache[key][0]:
                 del self._cache[key]
-        self._version = self._db_version()
+        self._version = self.reg.version()
 
     def has(self, level: int, idx: int) -> bool:
         """Whether a trained block may be served (no read, no stats)."""

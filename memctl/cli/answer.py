@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from ..errors import InputError, MemctlError
 from .common import BankOpt, JsonOpt, app, err, out, run, stage_progress
 
 
@@ -25,10 +27,12 @@ def ask(
         typer.Option(help="TAG,...: fetch only blocks whose every training document has one of these tags."),
     ] = None,
     cache_mb: Annotated[float, typer.Option(help="Byte budget of loaded blocks (MiB).")] = 512,
+    rag: Annotated[
+        bool, typer.Option("--rag", help="Also put the nearest window of the routed leaf in the prompt.")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Answer with the memory blocks the prompt routes to (only those are read)."""
-    from ..errors import InputError
     from ..privacy import parse_tags
     from ..serve import ask as do_ask
 
@@ -39,7 +43,9 @@ def ask(
             raise InputError("--max-new-tokens must be at least 1")
         mode = "none" if no_memory else "generic" if generic else "fetched"
         tags = parse_tags(allow) if allow is not None else None
-        return do_ask(bank, prompt, mode=mode, max_new_tokens=max_new_tokens, chat=chat, allow=tags, cache_mb=cache_mb)
+        return do_ask(
+            bank, prompt, mode=mode, max_new_tokens=max_new_tokens, chat=chat, allow=tags, cache_mb=cache_mb, rag=rag
+        )
 
     d = run(go)
     if as_json:
@@ -51,9 +57,18 @@ def ask(
         where = f"path {'/'.join(map(str, d['path']))}, blocks {', '.join(d['blocks']) or 'none trained'}"
         if d["withheld"]:
             where += f" (withheld: {', '.join(d['withheld'])})"
+    r = d["retrieved"]
+    if rag:
+        where += (
+            f"; retrieved {r['doc_id']} ({r['title']}), window {r['window_id']}, score {r['score']:.2f}, "
+            f"from node {r['node']}" + (f" (widened {r['widened']} level(s))" if r["widened"] else "")
+            if r
+            else "; nothing to retrieve in the routed subtree"
+        )
     t = d["timings"]
     err.print(
-        f"[dim]{where}; route {1e3 * t['route_s']:.0f} ms, fetch {1e3 * t['fetch_s']:.0f} ms, "
+        f"[dim]{where}; route {1e3 * t['route_s']:.0f} ms, retrieve {1e3 * t['retrieve_s']:.0f} ms, "
+        f"fetch {1e3 * t['fetch_s']:.0f} ms, "
         f"generate {1e3 * t['generate_s']:.0f} ms[/dim]",
         highlight=False,
     )
@@ -100,3 +115,92 @@ def eval_cmd(
             r.setup, f"{100 * r.accuracy:.1f}%", f"{100 * lo:.1f}–{100 * hi:.1f}%", *cells, f"{r.seconds:.0f}s"
         )
     out.print(table)
+
+
+@app.command()
+def chat(
+    bank: BankOpt,
+    plain: Annotated[
+        bool, typer.Option("--plain", help="Line mode for pipes and scripts (no full-screen app).")
+    ] = False,
+    mode: Annotated[str, typer.Option(help="fetched, generic or none (anchor alone).")] = "fetched",
+    rag: Annotated[
+        bool, typer.Option("--rag", help="Put the nearest window of the routed leaf in each message.")
+    ] = False,
+    route_on: Annotated[
+        str, typer.Option(help="Route on the 'message' alone or the whole 'conversation'.")
+    ] = "message",
+    allow: Annotated[
+        str | None, typer.Option(help="TAG,...: fetch only blocks whose every training document has one of these tags.")
+    ] = None,
+    cache_mb: Annotated[float, typer.Option(help="Byte budget of loaded blocks (MiB).")] = 512,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per reply at most.")] = 96,
+) -> None:
+    """Chat with a bank: each turn fetches only the blocks its message routes to, and streams.
+
+    In --plain mode, lines starting with / change settings: /mode fetched|generic|none, /rag on|off,
+    /route message|conversation, /compare (the last message in every mode), /quit."""
+    from ..chat import Chat, ChatSettings
+    from ..privacy import parse_tags
+    from ..serve import BankSession
+
+    def open_chat() -> Chat:
+        settings = ChatSettings(mode=mode, rag=rag, route_on=route_on, max_new_tokens=max_new_tokens).check()
+        if not plain and not (sys.stdin.isatty() and sys.stdout.isatty()):
+            raise InputError("the chat app needs a terminal; use --plain for pipes and scripts")
+        tags = parse_tags(allow) if allow is not None else None
+        return Chat(BankSession(bank, allow=tags, cache_mb=cache_mb), settings)
+
+    session_chat = run(open_chat)
+    try:
+        if plain:
+            _plain_chat(session_chat)
+        else:
+            from ..tui.chat import run_chat
+
+            run_chat(session_chat)
+    finally:
+        session_chat.session.close()
+
+
+def _plain_chat(c: Any) -> None:
+    from dataclasses import replace
+
+    from ..chat import describe
+
+    for raw in sys.stdin:
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("/"):
+            cmd, _, arg = line[1:].partition(" ")
+            arg = arg.strip()
+            try:
+                if cmd == "quit":
+                    return
+                if cmd == "compare":
+                    for t in c.compare():
+                        out.print(f"[bold]{t.settings.mode}[/bold]: {t.reply}", highlight=False)
+                        err.print(f"[dim]{describe(t)}[/dim]", highlight=False)
+                    continue
+                changes = {"mode": {"mode": arg}, "rag": {"rag": arg == "on"}, "route": {"route_on": arg}}.get(cmd)
+                if changes is None or (cmd == "rag" and arg not in ("on", "off")):
+                    raise InputError(f"unknown command {line!r}: /mode, /rag on|off, /route, /compare, /quit")
+                c.settings = replace(c.settings, **changes).check()
+                err.print(f"[dim]{c.settings}[/dim]", highlight=False)
+            except MemctlError as e:
+                err.print(f"[red]error:[/red] {e}", highlight=False)
+            continue
+
+        def write(piece: str) -> None:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+
+        try:
+            turn = c.turn(line, write)
+        except MemctlError as e:
+            err.print(f"[red]error:[/red] {e}", highlight=False)
+            continue
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        err.print(f"[dim]{describe(turn)}[/dim]", highlight=False)

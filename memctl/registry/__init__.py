@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -51,9 +52,7 @@ class Registry:
     def __init__(self, path: Path, name: str) -> None:
         self.path = path
         self.name = name
-        self.db = sqlite_utils.Database(path / "registry.db")
-        self.db.execute("PRAGMA foreign_keys=ON")
-        self.db.execute("PRAGMA secure_delete=ON")
+        self.db = _connect(path / "registry.db")
         migrate(self.db)
 
     # ---- opening and creating -------------------------------------------------------------
@@ -106,10 +105,16 @@ class Registry:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         reg.path = final
-        reg.db = sqlite_utils.Database(final / "registry.db")
+        reg.db = _connect(final / "registry.db")
 
     def close(self) -> None:
         self.db.close()
+
+    def version(self) -> tuple[int, int]:
+        """Changes anyone committed: (data_version: other connections, total_changes: this one).
+        Equal values mean nothing changed since the last look."""
+        conn = self.db.conn
+        return int(conn.execute("PRAGMA data_version").fetchone()[0]), conn.total_changes
 
     @property
     def bank(self) -> dict[str, Any]:
@@ -232,6 +237,15 @@ class Registry:
         p = self.path / "checkpoints"
         p.mkdir(exist_ok=True)
         return p
+
+
+def _connect(path: Path) -> sqlite_utils.Database:
+    """A connection with foreign keys enforced and deleted content overwritten (secure_delete), that
+    a worker thread may use too (the TUI runs library calls in one, serially)."""
+    db = sqlite_utils.Database(sqlite3.connect(str(path), check_same_thread=False))
+    db.execute("PRAGMA foreign_keys=ON")
+    db.execute("PRAGMA secure_delete=ON")
+    return db
 
 
 def dumps(obj: Any) -> str:

@@ -1,0 +1,148 @@
+"""A bank's memories for a model you loaded yourself.
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from memctl import Memories
+
+    model = AutoModelForCausalLM.from_pretrained(anchor_dir)      # the bank's anchor
+    tok = AutoTokenizer.from_pretrained(anchor_dir, padding_side="left")
+    prompts = ["The atomic number of Neon is", "Fermium was discovered in"]
+    with Memories("elements").attach(model) as mem:
+        mem.use(prompts)                     # routes each row; its blocks serve the next forward passes
+        out = model.generate(**tok(prompts, return_tensors="pt", padding=True), max_new_tokens=8)
+    # detached: the model is bit-identical to what it was
+
+Blocks are read lazily through the block store (byte-budgeted cache, blocked blocks never read,
+access tags obeyed), exactly as `memctl ask` reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from torch import nn
+
+from .anchor import MemoryHandle, attach, decoder_layers
+from .embed import Embedder, get_embedder
+from .errors import AnchorError, BankStateError, InputError
+from .memory import Fetched
+from .rag import Retriever
+from .registry import Registry, memctl_home
+from .store import DEFAULT_CACHE_MB, BlockStore
+from .tree import Tree, route
+
+Mode = Literal["fetched", "generic", "none"]
+MODES: tuple[str, ...] = ("fetched", "generic", "none")
+
+
+class Memories:
+    """Bank `name`: its tree, embedder and block store; attach it to a model to use its blocks.
+
+    `allow`: access tags (None = the owner: every block that is not blocked); `cache_mb`: byte budget
+    of loaded blocks; `pin_levels`: shallow levels kept loaded; `serve_blocked` is for proofs about
+    the parameters themselves (forgetting), never for answers."""
+
+    def __init__(
+        self,
+        name: str,
+        home: Path | None = None,
+        *,
+        allow: frozenset[str] | None = None,
+        cache_mb: float = DEFAULT_CACHE_MB,
+        pin_levels: int = 1,
+        serve_blocked: bool = False,
+    ) -> None:
+        if cache_mb < 0:
+            raise InputError("--cache-mb must be non-negative")
+        self.home = home or memctl_home()
+        self.reg = Registry.open(name, self.home)
+        self.cfg = self.reg.config
+        if self.reg.count("windows") == 0:
+            raise BankStateError(f"bank {name!r} has no documents")
+        self.embedder: Embedder = get_embedder(self.cfg.embedder)
+        self.tree: Tree = self.reg.load_tree()
+        self.allow = allow
+        self.store = BlockStore(self.reg, int(cache_mb * 2**20), pin_levels, allow, serve_blocked)
+        self._retriever: Retriever | None = None
+        self._handle: MemoryHandle | None = None
+
+    # ---- attaching ------------------------------------------------------------------------------
+    def attach(self, model: nn.Module) -> Memories:
+        """Wrap the model's memory-layer MLPs (checked against the bank's anchor shape)."""
+        if self._handle is not None:
+            raise AnchorError("this bank is already attached to a model; detach it first")
+        layers = len(decoder_layers(model))
+        hidden = int(getattr(getattr(model, "config", None), "hidden_size", -1))
+        want = (self.reg.bank["anchor_layers"], self.cfg.memory.hidden)
+        if (layers, hidden) != want:
+            raise AnchorError(
+                f"bank {self.reg.name!r} was built on an anchor with {want[0]} layers of width {want[1]}; "
+                f"this model has {layers} of width {hidden}"
+            )
+        self._handle = attach(model, self.cfg.memory.layers)
+        return self
+
+    @property
+    def handle(self) -> MemoryHandle:
+        if self._handle is None:
+            raise AnchorError("attach the memories to a model first")
+        return self._handle
+
+    def detach(self) -> None:
+        """Put the model's own modules back: it is bit-identical to what it was before attach."""
+        if self._handle is not None:
+            self._handle.detach()
+            self._handle = None
+
+    def close(self) -> None:
+        self.detach()
+        self.reg.close()
+
+    def __enter__(self) -> Memories:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- routing and fetching ---------------------------------------------------------------------
+    def route(self, texts: Sequence[str]) -> np.ndarray:
+        """(B,) texts -> (B, p) node index per level."""
+        return route(self.tree, self.embedder.encode(list(texts)))
+
+    def fetch(self, mode: str, paths: np.ndarray | None, batch: int) -> Fetched | None:
+        if mode == "none":
+            return None
+        if mode == "generic":
+            return self.store.fetch_generic(batch)
+        if mode == "fetched":
+            if paths is None:
+                raise InputError("fetched memories need routes (paths)")
+            return self.store.fetch_paths(paths)
+        raise InputError(f"unknown memory mode {mode!r}; use one of {', '.join(MODES)}")
+
+    def use(
+        self, prompts: Sequence[str] | None = None, *, mode: str = "fetched", paths: np.ndarray | None = None
+    ) -> np.ndarray | None:
+        """Choose the blocks of the next forward passes, row by row: route `prompts` (or take `paths`,
+        (B, p)) and fetch their blocks; mode 'generic' or 'none' needs only the batch size.
+        Returns the paths. Rows of an expanded batch (beams, several samples per prompt) inherit
+        the blocks of their prompt."""
+        if paths is None and prompts is not None and mode == "fetched":
+            paths = self.route(prompts)
+        batch = len(prompts) if prompts is not None else (len(paths) if paths is not None else 0)
+        if batch == 0:
+            raise InputError("give the prompts (or their paths) the next forward passes are about")
+        self.handle.set(self.fetch(mode, paths, batch))
+        return paths
+
+    @property
+    def retriever(self) -> Retriever:
+        """Loaded on first use: RAG needs every window's embedding in memory."""
+        if self._retriever is None:
+            self._retriever = Retriever(self.reg, self.allow)
+        return self._retriever
+
+    def info(self) -> dict[str, Any]:
+        return {"bank": self.reg.name, "tree": (self.cfg.tree.k, self.cfg.tree.p), "layers": self.cfg.memory.layers}

@@ -1,0 +1,186 @@
+"""Serving: RAG inside the routed leaf, the Python API on a user's own model, chat (library, line
+mode and the Textual app under its pilot)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from memctl import Memories
+from memctl.bank import ingest
+from memctl.chat import Chat, ChatSettings
+from memctl.cli import app
+from memctl.privacy import set_blocked
+from memctl.rag import Retriever
+from memctl.registry import Registry
+from memctl.serve import BankSession
+from memctl.train import train
+
+runner = CliRunner()
+QUERIES = ["Iron is a strong metal", "Neon is a noble gas", "The owl hunts at night", "copper conducts"]
+
+
+@pytest.fixture()
+def bank(home: Path, corpus: Path, tiny_anchor: Path) -> Registry:
+    ingest("s", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    reg = Registry.open("s", home)
+    for doc in ("gases/0.txt", "gases/1.txt", "animals/2.txt"):
+        reg.db["documents"].update(doc, {"tags": "public"})
+    train("s", {"epochs": 2, "batch_size": 2, "objective": "mix"}, home=home)
+    return reg
+
+
+def _window_path(reg: Registry, window_id: int) -> list[int]:
+    return [
+        int(v) for v in reg.db.execute("select path from windows where id = ?", [window_id]).fetchone()[0].split(",")
+    ]
+
+
+def test_rag_retrieves_inside_the_routed_leaf_deterministically(home: Path, bank: Registry) -> None:
+    with BankSession("s", home) as s:
+        x = s.embedder.encode(QUERIES)
+        paths = s.route(QUERIES)
+        leaf = Retriever(bank, min_windows=1).retrieve(x, paths)
+        again = Retriever(bank, min_windows=1).retrieve(x, paths)
+        assert [r.window_id for r in leaf] == [r.window_id for r in again]  # deterministic
+        emb = dict(zip(*bank.embeddings(), strict=True))
+        for q, r, path in zip(x, leaf, paths, strict=True):
+            assert r is not None and r.widened == 0 and r.node == f"2:{path[1]}"
+            assert _window_path(bank, r.window_id) == list(path)  # inside the routed leaf
+            ids = [w["id"] for w in bank.windows("path = ?", [",".join(map(str, path))])]
+            assert r.window_id == max(ids, key=lambda i: (float(emb[i] @ q), -i))  # its nearest window
+        wide = Retriever(bank, min_windows=100).retrieve(x, paths)  # every leaf too small: its parent
+        for r, path in zip(wide, paths, strict=True):
+            assert r is not None and r.widened == 1 and r.node == f"1:{path[0]}"
+            assert _window_path(bank, r.window_id)[0] == path[0]
+        public = Retriever(bank, allow=frozenset({"public"}), min_windows=1).retrieve(x, paths)
+        assert all(r is None or r.doc_id in {"gases/0.txt", "gases/1.txt", "animals/2.txt"} for r in public)
+        set_blocked("s", True, nodes=[f"2:{paths[0][1]}"], home=home)
+        after = Retriever(bank, min_windows=1).retrieve(x[:1], paths[:1])[0]
+        assert after is None or _window_path(bank, after.window_id)[1] != paths[0][1]
+
+
+def test_rag_puts_the_window_in_the_prompt(home: Path, bank: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    import memctl.serve as serve
+
+    seen: list[list[str]] = []
+    real = serve.greedy
+
+    def spy(anchor, handle, texts, fetched, n):  # noqa: ANN001, ANN202
+        seen.append(list(texts))
+        return real(anchor, handle, texts, fetched, n)
+
+    monkeypatch.setattr(serve, "greedy", spy)
+    with BankSession("s", home) as s:
+        plain = s.generate(QUERIES[:2], max_new_tokens=2)
+        rag = s.generate(QUERIES[:2], max_new_tokens=2, rag=True)
+    assert seen[0] == QUERIES[:2] and all(a.retrieved is None for a in plain)
+    for text, ans, q in zip(seen[1], rag, QUERIES[:2], strict=True):
+        window = bank.db.execute("select text from windows where id = ?", [ans.retrieved["window_id"]]).fetchone()[0]
+        assert text == window + "\n\n" + q
+        assert ans.retrieved["doc_id"] and ans.retrieved["title"] and "text" not in ans.retrieved
+
+
+def test_memories_attach_to_a_users_model_and_detach_bit_identical(
+    home: Path, bank: Registry, tiny_anchor: Path
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_anchor).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_anchor, padding_side="left")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    mlps = [type(layer.mlp) for layer in model.model.layers]
+    enc = tok(QUERIES, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        base = model(**enc).logits
+    with Memories("s", home).attach(model) as mem:
+        paths = mem.use(QUERIES)
+        assert paths is not None and paths.shape == (4, 2) and len({tuple(p) for p in paths}) > 1
+        with torch.no_grad():
+            withmem = model(**enc).logits
+            out = model.generate(**enc, max_new_tokens=3, do_sample=False, pad_token_id=tok.pad_token_id)
+            beams = model.generate(**enc, max_new_tokens=3, num_beams=2, do_sample=False, pad_token_id=tok.pad_token_id)
+        assert out.shape[0] == 4 and beams.shape[0] == 4
+        assert not torch.equal(base, withmem)
+        # each row used its own blocks: row 0 alone gives the same logits as row 0 of the batch
+        mem.use(QUERIES[:1])
+        with torch.no_grad():
+            one = model(**tok(QUERIES[:1], return_tensors="pt")).logits
+        torch.testing.assert_close(one[0, -1], withmem[0, -1], rtol=1e-4, atol=1e-5)
+    assert [type(layer.mlp) for layer in model.model.layers] == mlps
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    with torch.no_grad():
+        assert torch.equal(model(**enc).logits, base)
+
+
+def test_chat_turns_stream_route_and_compare(home: Path, bank: Registry) -> None:
+    with BankSession("s", home) as s:
+        chat = Chat(s, ChatSettings(max_new_tokens=4))
+        pieces: list[str] = []
+        t1 = chat.turn(QUERIES[0], pieces.append)
+        assert "".join(pieces).strip() == t1.reply and t1.tokens >= 1
+        assert t1.path is not None and len(t1.labels) == 2 and all(t1.labels)
+        assert t1.blocks == [f"1:{t1.path[0]}", f"2:{t1.path[1]}"]
+        assert t1.timings["first_token_s"] <= t1.timings["generate_s"]
+        chat.settings = ChatSettings(max_new_tokens=4, route_on="conversation", rag=True)
+        t2 = chat.turn(QUERIES[2])
+        assert t2.path == [int(v) for v in s.route([QUERIES[0] + "\n" + QUERIES[2]])[0]]
+        assert t2.retrieved is not None
+        assert len(chat.history) == 2
+        turns = chat.compare()
+        assert [t.settings.mode for t in turns] == ["fetched", "generic", "none"] and len(chat.history) == 2
+        assert turns[2].blocks == [] and turns[1].blocks == ["generic"]
+
+
+def test_chat_plain_mode(home: Path, bank: Registry) -> None:
+    script = f"{QUERIES[0]}\n/mode none\n{QUERIES[1]}\n/rag maybe\n/compare\n/quit\nnever read\n"
+    res = runner.invoke(app, ["chat", "--bank", "s", "--plain", "--max-new-tokens", "3"], input=script)
+    assert res.exit_code == 0, res.output
+    assert "fetched 1:" in res.stderr and "anchor alone" in res.stderr
+    assert "unknown command '/rag maybe'" in res.stderr
+    assert res.stdout.count("fetched:") == 1 and res.stdout.count("none:") == 1  # the comparison
+    bad = runner.invoke(app, ["chat", "--bank", "s"])  # no terminal: the app cannot start
+    assert bad.exit_code == 2 and "--plain" in bad.stderr
+
+
+def test_chat_app_under_the_pilot(home: Path, bank: Registry) -> None:
+    from textual.widgets import Input
+
+    from memctl.tui.chat import ChatApp, Message
+
+    async def scenario() -> None:
+        with BankSession("s", home) as s:
+            app_ = ChatApp(Chat(s, ChatSettings(max_new_tokens=3)))
+            async with app_.run_test() as pilot:
+                app_.query_one(Input).value = QUERIES[0]
+                await pilot.press("enter")
+                await app_.workers.wait_for_complete()
+                await pilot.pause()
+                texts = [str(m.render()) for m in app_.query(Message)]
+                assert texts[0] == QUERIES[0]
+                assert any(t.startswith("fetched 1:") for t in texts)  # the path, with labels and timings
+                assert "fetched memories" in app_.sub_title
+                await pilot.press("f3", "f5", "f6")
+                assert "generic memory" in app_.sub_title and "RAG on" in app_.sub_title
+                assert "conversation" in app_.sub_title
+                await pilot.press("f7")
+                await app_.workers.wait_for_complete()
+                await pilot.pause()
+                assert len(app_.query(".compare > Message")) == 3
+
+    asyncio.run(scenario())
+
+
+def test_ask_rag_json(home: Path, bank: Registry) -> None:
+    res = runner.invoke(app, ["ask", QUERIES[1], "--bank", "s", "--rag", "--json", "--max-new-tokens", "2"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["retrieved"]["doc_id"] and d["timings"]["retrieve_s"] >= 0
+    assert np.isfinite(d["retrieved"]["score"])
