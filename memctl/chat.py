@@ -58,6 +58,7 @@ class Turn:
     retrieved: dict[str, Any] | None
     timings: dict[str, float] = field(default_factory=dict)  # route_s, retrieve_s, fetch_s, generate_s, first_token_s
     tokens: int = 0
+    store: dict[str, int] = field(default_factory=dict)  # this turn's block-store hits, misses, bytes read
 
 
 class _Stream(TextStreamer):
@@ -173,8 +174,10 @@ class Chat:
                 text = with_context(found.text, message, s.anchor.tokenizer, s.cfg.window)
         t_retrieve = time.perf_counter() - t1
         t2 = time.perf_counter()
+        stats0 = s.store.stats.to_dict()
         fetched = s.fetch(st.mode, paths, 1)
         t_fetch = time.perf_counter() - t2
+        store = {k: v - stats0[k] for k, v in s.store.stats.to_dict().items()}
         tok = s.anchor.tokenizer
         enc = tok(self._fit(history, text, st.max_new_tokens), return_tensors="pt", add_special_tokens=False)
         pieces: list[str] = []
@@ -217,6 +220,7 @@ class Chat:
                 "first_token_s": (stream.first - t3) if stream.first else t_gen,
             },
             stream.tokens,
+            store,
         )
         if remember:
             self.history.append(turn)
@@ -245,8 +249,12 @@ def describe(turn: Turn) -> str:
     if st.rag:
         r = turn.retrieved
         what += f"; RAG: {r['doc_id']} ({r['title']})" if r else "; RAG: nothing in the routed subtree"
-    t = turn.timings
+    t, io = turn.timings, turn.store
     speed = turn.tokens / t["generate_s"] if t["generate_s"] > 0 else 0.0
+    if st.mode != "none":
+        what += (
+            f"; read {io.get('bytes_read', 0) / 2**20:.1f} MiB ({io.get('misses', 0)} read, {io.get('hits', 0)} cached)"
+        )
     return (
         f"{what}; routed on the {st.route_on}; route {1e3 * t['route_s']:.0f} ms, fetch {1e3 * t['fetch_s']:.0f} ms"
         + (f", retrieve {1e3 * t['retrieve_s']:.0f} ms" if st.rag else "")

@@ -30,6 +30,17 @@ class TextLoss:
         return self.nll / self.tokens if self.tokens else float("nan")
 
 
+def _pad(seqs: Sequence[Sequence[int]], pad_id: int, min_width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded (B, T) ids and attention mask."""
+    width = max(min_width, max(len(x) for x in seqs))
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, x in enumerate(seqs):
+        ids[i, : len(x)] = torch.tensor(list(x), dtype=torch.long)
+        mask[i, : len(x)] = 1
+    return ids, mask
+
+
 def combine(losses: Sequence[TextLoss]) -> TextLoss:
     """Token-weighted total of several windows of one document."""
     return TextLoss(sum(x.nll for x in losses), sum(x.tokens for x in losses))
@@ -49,13 +60,7 @@ def text_losses(
     out: list[TextLoss] = []
     for s in range(0, len(texts), batch_size):
         chunk = list(texts[s : s + batch_size])
-        enc = [tok(t, add_special_tokens=False)["input_ids"] for t in chunk]
-        width = max(2, max(len(e) for e in enc))
-        ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for i, e in enumerate(enc):
-            ids[i, : len(e)] = torch.tensor(e, dtype=torch.long)
-            mask[i, : len(e)] = 1
+        ids, mask = _pad([tok(t, add_special_tokens=False)["input_ids"] for t in chunk], tok.pad_token_id, 2)
         paths = session.route(chunk) if mode == "fetched" else None
         with session.handle.using(session.fetch(mode, paths, len(chunk))):
             logits = session.anchor.model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (B, T, V)
@@ -103,12 +108,7 @@ def answer_losses(
             a = tok(" " + answer, add_special_tokens=False)["input_ids"]
             seqs.append(p + a)
             starts.append(len(p))
-        width = max(len(x) for x in seqs)
-        ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for i, x in enumerate(seqs):
-            ids[i, : len(x)] = torch.tensor(x, dtype=torch.long)
-            mask[i, : len(x)] = 1
+        ids, mask = _pad(seqs, tok.pad_token_id)
         paths = session.route([p for p, _a in chunk]) if mode == "fetched" else None
         with session.handle.using(session.fetch(mode, paths, len(chunk))):
             logits = session.anchor.model(input_ids=ids, attention_mask=mask, use_cache=False).logits

@@ -269,3 +269,26 @@ def test_cli_block_audit_forget_round_trip(home: Path, bank: Registry) -> None:
     assert [r["action"] for r in log] == ["block", "forget"]
     assert runner.invoke(app, ["unblock", "--bank", "p", "--all"]).exit_code == 0
     assert "documents by tag" in runner.invoke(app, ["info", "--bank", "p", "--allow", "public"]).stdout
+
+
+def test_an_interrupted_tagging_changes_nothing(
+    home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memctl.bank as bank_mod
+
+    ingest("q", [corpus / "gases"], anchor=str(tiny_anchor), embedder="hash", tree=(2, 1), home=home)
+    before = tree_digest(home / "banks" / "q")
+    calls = {"n": 0}
+    real = bank_mod.join_tags
+
+    def flaky(tags):  # noqa: ANN001, ANN202
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # two documents already re-tagged inside the transaction
+        return real(tags)
+
+    monkeypatch.setattr(bank_mod, "join_tags", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        ingest("q", [corpus / "gases"], tags=frozenset({"team"}), home=home)
+    assert calls["n"] == 3
+    assert tree_digest(home / "banks" / "q") == before

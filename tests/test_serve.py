@@ -129,6 +129,10 @@ def test_chat_turns_stream_route_and_compare(home: Path, bank: Registry) -> None
         assert t1.path is not None and len(t1.labels) == 2 and all(t1.labels)
         assert t1.blocks == [f"1:{t1.path[0]}", f"2:{t1.path[1]}"]
         assert t1.timings["first_token_s"] <= t1.timings["generate_s"]
+        assert t1.store["misses"] == 2 and t1.store["bytes_read"] > 0  # the path's two blocks, read once
+        again = chat.turn(QUERIES[0])
+        assert again.store["misses"] == 0 and again.store["hits"] == 2 and again.store["bytes_read"] == 0
+        chat.history.pop()
         chat.settings = ChatSettings(max_new_tokens=4, route_on="conversation", rag=True)
         t2 = chat.turn(QUERIES[2])
         assert t2.path == [int(v) for v in s.route([QUERIES[0] + "\n" + QUERIES[2]])[0]]

@@ -1,0 +1,255 @@
+"""Serving cost of memories on a trained bank (default: the elements bank that `make demo` builds).
+
+1. Latency of a 40-token answer, anchor alone vs with fetched memories, and the overhead split into
+   routing, fetching (cold: read from disk; warm: from the cache) and extra compute.
+2. Peak resident memory of `memctl ask` against this bank and against a bank ten times larger (the
+   same tree shape with k raised, every block filled with synthetic parameters): memory depends on
+   the fetched path, not on the bank.
+3. Bytes read from disk per question for a stream of 50 questions, topic-clustered (a few questions
+   per element, elements visited subtree by subtree) and shuffled, against a flat bank (one level,
+   leaves of the same fetched size), with the same cache budget: the paper's compositionality.
+
+    python benchmarks/serve.py [--home demo-out/home] [--bank elements] [--out demo-out/serve.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+console = Console()
+
+
+def median_time(fn, repeats: int) -> float:  # noqa: ANN001
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def latency(home: Path, bank: str, prompts: list[str], tokens: int, repeats: int) -> dict:
+    from memctl.serve import BankSession
+    from memctl.store import BlockStore
+
+    rows = []
+    with BankSession(bank, home) as s:
+        tok, model = s.anchor.tokenizer, s.anchor.model
+        for q in prompts:
+            enc = tok(q, return_tensors="pt", add_special_tokens=False)
+
+            def gen(fetched, enc=enc) -> None:  # noqa: ANN001
+                with torch.no_grad(), s.handle.using(fetched):
+                    out = model.generate(**enc, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                                         pad_token_id=tok.pad_token_id)  # fmt: skip
+                assert out.shape[1] - enc["input_ids"].shape[1] == tokens
+
+            route_s = median_time(lambda q=q: s.route([q]), repeats)
+            paths = s.route([q])
+            cold = []
+            for _ in range(repeats):
+                s.store = BlockStore(s.reg)  # an empty cache: every block read from disk
+                t = time.perf_counter()
+                s.store.fetch_paths(paths)
+                cold.append(time.perf_counter() - t)
+            warm_s = median_time(lambda paths=paths: s.store.fetch_paths(paths), repeats)
+            fetched = s.store.fetch_paths(paths)
+            gen(None)  # warm up both
+            gen(fetched)
+            alone, mem = [], []
+            for _ in range(repeats):  # interleaved, so drifts hit both alike
+                t = time.perf_counter()
+                gen(None)
+                alone.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                gen(fetched)
+                mem.append(time.perf_counter() - t)
+            rows.append({"route_s": route_s, "fetch_cold_s": statistics.median(cold), "fetch_warm_s": warm_s,
+                         "anchor_s": statistics.median(alone), "memory_s": statistics.median(mem)})  # fmt: skip
+        fetched_bytes = 4 * s.cfg.memory.fetched_params
+    avg = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
+    extra = avg["memory_s"] - avg["anchor_s"]
+    return {
+        "questions": len(rows),
+        "tokens": tokens,
+        "fetched_bytes": fetched_bytes,
+        **avg,
+        "extra_compute_s": extra,
+        "overhead_warm": (avg["route_s"] + avg["fetch_warm_s"] + extra) / avg["anchor_s"],
+        "overhead_cold": (avg["route_s"] + avg["fetch_cold_s"] + extra) / avg["anchor_s"],
+        "per_question": rows,
+    }
+
+
+def synthetic_bank(home: Path, src_home: Path, src: str, name: str, tree: tuple[int, int], ranks: tuple[int, ...],
+                   corpus: Path) -> None:  # fmt: skip
+    """A bank on the same corpus, anchor, layers and embedder with another tree, every block filled
+    with random parameters of the trained blocks' scale (it is read and served, never judged)."""
+    from memctl.bank import ingest
+    from memctl.registry import Registry, now
+
+    ref = Registry.open(src, src_home)
+    layers = ref.config.memory.layers
+    spec = f"last:{len(layers)}"
+    scale = float(ref.read_block(ref.blocks("level = 1 and file is not null")[0])["down"].std())
+    ingest(name, [corpus], id_field="id", tree=tree, ranks=ranks, memory_layers=spec, home=home)
+    reg = Registry.open(name, home)
+    g = torch.Generator().manual_seed(0)
+    d = reg.config.memory.hidden
+    with reg.db.atomic():
+        for row in reg.blocks("level > 0"):
+            r = row["rank"]
+            block = {p: torch.randn(len(layers), r, d, generator=g) * scale for p in ("gate", "up", "down")}
+            file, sha = reg.write_block(row["level"], row["idx"], block)
+            reg.db["blocks"].update(row["id"], {"file": file, "sha256": sha, "state": "trained", "updated": now()})
+
+
+def peak_rss(home: Path, bank: str, prompt: str, tokens: int) -> int:
+    """Peak resident set (bytes) of one `memctl ask` process."""
+    env = dict(os.environ, MEMCTL_HOME=str(home))
+    cmd = [sys.executable, "-m", "memctl", "ask", prompt, "--bank", bank, "--max-new-tokens", str(tokens), "--json"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status:
+        sys.exit(f"{' '.join(cmd)} failed")
+    return usage.ru_maxrss * 1024
+
+
+def stream_bytes(home: Path, bank: str, prompts: list[str], cache_bytes: int) -> dict:
+    from memctl.api import Memories
+
+    with Memories(bank, home, cache_mb=cache_bytes / 2**20) as mem:
+        paths = mem.route(prompts)
+        for i in range(len(prompts)):
+            mem.store.fetch_paths(paths[i : i + 1])
+        st = mem.store.stats
+        return {"bytes_read": st.bytes_read, "per_question": st.bytes_read / len(prompts), "misses": st.misses,
+                "hits": st.hits}  # fmt: skip
+
+
+def question_stream(home: Path, bank: str, probes: list[dict], n: int, seed: int = 0) -> tuple[list[str], list[str]]:
+    """(topic-clustered, shuffled): every probe of an element in a row, elements in the order of their
+    route (a user exploring one subject, then the next), 50 questions; and the same shuffled."""
+    from memctl.api import Memories
+
+    by_doc: dict[str, list[str]] = {}
+    for p in probes:
+        by_doc.setdefault(p["doc"], []).append(p["prompt"])
+    rng = np.random.default_rng(seed)
+    docs = [d for d in rng.permutation(sorted(by_doc)) if len(by_doc[d]) >= 2]
+    with Memories(bank, home) as mem:
+        first = mem.route([by_doc[d][0] for d in docs])
+    order = [docs[i] for i in np.lexsort((np.arange(len(docs)), first[:, 1], first[:, 0]))]
+    clustered = [q for d in order for q in by_doc[d]][:n]
+    return clustered, [clustered[i] for i in rng.permutation(len(clustered))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--home", default=str(ROOT / "demo-out" / "home"))
+    ap.add_argument("--bank", default="elements")
+    ap.add_argument("--data", default=str(ROOT / "demo-out" / "data"), help="elements data (build.py --out)")
+    ap.add_argument("--questions", type=int, default=8, help="questions timed for latency")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=40)
+    ap.add_argument("--stream", type=int, default=50)
+    ap.add_argument("--out", default=str(ROOT / "demo-out" / "serve.json"))
+    a = ap.parse_args()
+    home, data = Path(a.home), Path(a.data)
+    os.environ["MEMCTL_HOME"] = str(home)
+    probes = [json.loads(line) for line in (data / "probes.jsonl").read_text().splitlines()]
+    from memctl.registry import Registry
+
+    reg = Registry.open(a.bank, home)
+    cfg = reg.config
+    k, p = cfg.tree.k, cfg.tree.p
+    results: dict = {
+        "bank": a.bank,
+        "tree": [k, p],
+        "ranks": list(cfg.memory.ranks),
+        "threads": torch.get_num_threads(),
+    }
+
+    console.rule("1. latency of a 40-token answer")
+    lat = latency(home, a.bank, [q["prompt"] for q in probes[: a.questions]], a.tokens, a.repeats)
+    results["latency"] = lat
+
+    console.rule("2. peak resident memory: this bank vs a bank ten times larger")
+    work = Path(tempfile.mkdtemp(prefix="memctl-serve-", dir=ROOT / "demo-out"))
+    big_k = next(kk for kk in range(k + 1, 64) if sum(kk ** (lv + 1) * r for lv, r in enumerate(cfg.memory.ranks))
+                 >= 10 * sum(k ** (lv + 1) * r for lv, r in enumerate(cfg.memory.ranks)))  # fmt: skip
+    synthetic_bank(work, home, a.bank, "big", (big_k, p), cfg.memory.ranks, data / "elements.jsonl")
+    small_bytes, big_bytes = reg.bytes_on_disk(), Registry.open("big", work).bytes_on_disk()
+    q = probes[0]["prompt"]
+    rss_small = max(peak_rss(home, a.bank, q, a.tokens) for _ in range(2))
+    rss_big = max(peak_rss(work, "big", q, a.tokens) for _ in range(2))
+    results["memory"] = {"bank_bytes": small_bytes, "big_bank_bytes": big_bytes, "big_tree": [big_k, p],
+                         "rss": rss_small, "rss_big": rss_big, "ratio": rss_big / rss_small}  # fmt: skip
+
+    console.rule("3. bytes read for a 50-question stream: hierarchical vs flat bank")
+    synthetic_bank(work, home, a.bank, "flat", (k**p, 1), (sum(cfg.memory.ranks),), data / "elements.jsonl")
+    clustered, shuffled = question_stream(home, a.bank, probes, a.stream)  # the same questions for both banks
+    budget = 2 * lat["fetched_bytes"]
+    results["stream"] = {
+        "cache_bytes": budget,
+        "questions": len(clustered),
+        "hierarchical": {"clustered": stream_bytes(home, a.bank, clustered, budget),
+                         "shuffled": stream_bytes(home, a.bank, shuffled, budget)},
+        "flat": {"clustered": stream_bytes(work, "flat", clustered, budget),
+                 "shuffled": stream_bytes(work, "flat", shuffled, budget)},
+    }  # fmt: skip
+    Path(a.out).write_text(json.dumps(results, indent=2))
+    for sub in ("big", "flat"):
+        import shutil
+
+        shutil.rmtree(work / "banks" / sub, ignore_errors=True)
+
+    mib = 2**20
+    t = Table(
+        title=f"{a.tokens}-token answer, bank {a.bank} (tree {k}x{p}, fetched {lat['fetched_bytes'] / mib:.0f} MiB), "
+        f"mean of {lat['questions']} questions, median of {a.repeats} runs"
+    )
+    for col in ("anchor alone", "with memories", "route", "fetch cold", "fetch warm", "extra compute",
+                "overhead (warm)", "overhead (cold)"):  # fmt: skip
+        t.add_column(col, justify="right")
+    t.add_row(f"{lat['anchor_s']:.3f} s", f"{lat['memory_s']:.3f} s", f"{1e3 * lat['route_s']:.1f} ms",
+              f"{1e3 * lat['fetch_cold_s']:.1f} ms", f"{1e3 * lat['fetch_warm_s']:.2f} ms",
+              f"{1e3 * lat['extra_compute_s']:.0f} ms", f"{100 * lat['overhead_warm']:.1f}%",
+              f"{100 * lat['overhead_cold']:.1f}%")  # fmt: skip
+    console.print(t)
+    m = results["memory"]
+    t = Table(title="peak resident memory of `memctl ask`")
+    for col in ("bank", "on disk", "peak RSS"):
+        t.add_column(col, justify="right")
+    t.add_row(f"{a.bank} ({k}x{p})", f"{small_bytes / mib:.0f} MiB", f"{rss_small / mib:.0f} MiB")
+    t.add_row(f"10x: synthetic ({big_k}x{p})", f"{big_bytes / mib:.0f} MiB", f"{rss_big / mib:.0f} MiB")
+    console.print(t)
+    console.print(f"resident memory ratio, 10x bank / bank: {m['ratio']:.3f} (goal: within 5%)")
+    s = results["stream"]
+    t = Table(title=f"bytes read per question, {s['questions']} questions, cache {budget / mib:.0f} MiB")
+    for col in ("bank", "topic-clustered", "shuffled"):
+        t.add_column(col, justify="right")
+    for name in ("hierarchical", "flat"):
+        t.add_row(name, f"{s[name]['clustered']['per_question'] / mib:.1f} MiB",
+                  f"{s[name]['shuffled']['per_question'] / mib:.1f} MiB")  # fmt: skip
+    console.print(t)
+    hc, fc = s["hierarchical"]["clustered"]["per_question"], s["flat"]["clustered"]["per_question"]
+    console.print(f"flat / hierarchical bytes per question (topic-clustered): {fc / max(hc, 1):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
