@@ -33,7 +33,7 @@ from .config import TrainConfig, train_config_from_json
 from .errors import InputError, MemctlError
 from .evaluate import Probe, evaluate, is_correct
 from .privacy import check_docs, doc_blocks, parse_tags
-from .proof import DocText, baseline, gains, judge, measure
+from .proof import MIN_REFERENCES, DocText, baseline, gains, judge, measure, zscores
 from .registry import Registry, dumps, memctl_home, now
 from .serve import BankSession
 from .train import TrainedUnit, TrainEvent, head_split_ok, record_unit, sigint_flag, train_unit, write_unit
@@ -74,8 +74,11 @@ class DocProof:
     gain_after: float
     fact_gain_before: float  # the same on the answers of the document's cloze prompts: what they knew
     fact_gain_after: float
-    above_references: float | None  # share of reference documents whose text gain is below this one's
-    verdict: str  # unseen | SEEN | unverified (no references)
+    z_before: float  # text gain in reference standard deviations above the references' mean
+    z_after: float
+    fact_z_before: float
+    fact_z_after: float
+    verdict: str  # after forgetting: unseen | SEEN | unverified (fewer than 3 references)
     probes_before: list[int] | None = None  # [correct, n]
     probes_after: list[int] | None = None
 
@@ -344,12 +347,13 @@ def forget(
             report_id=int(report_id or 0),
         )
         for d in ids:
-            above, verdict = judge(g_after[d], base)
+            z_after, verdict = judge(g_after[d], base)
+            z_before = zscores(g_before[d], base)
             report.proofs.append(
                 DocProof(
                     d, alone[d].text, before[d].text, after[d].text, g_before[d].text, g_after[d].text,
-                    g_before[d].facts, g_after[d].facts, above, verdict, p_before["docs"].get(d),
-                    p_after["docs"].get(d),
+                    g_before[d].facts, g_after[d].facts, z_before.text, z_after.text, z_before.facts,
+                    z_after.facts, verdict, p_before["docs"].get(d), p_after["docs"].get(d),
                 )
             )  # fmt: skip
         if retained_probes:
@@ -360,10 +364,10 @@ def forget(
                 "after": a / len(retained_probes),
                 "kept": a / b if b else 1.0,
             }
-        if not base.text:
+        if len(base.text) < MIN_REFERENCES:
             report.notes.append(
-                "no reference documents: add unseen ones with `memctl ingest PATH --bank "
-                f"{plan.bank} --reference` to judge whether forgotten documents look unseen"
+                f"{len(base.text)} reference document(s): add at least {MIN_REFERENCES} unseen ones with "
+                f"`memctl ingest PATH --bank {plan.bank} --reference` to judge whether forgotten documents look unseen"
             )
         report.notes.append(
             "the tree's centroids are means over many windows and are kept (re-clustering would move every "

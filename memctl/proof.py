@@ -8,8 +8,11 @@ Two measures per document, each a *gain* = loss with the anchor alone − loss w
   routed on each prompt, as a question is): what the memories know (what `distill` learns).
 
 Reference documents (`memctl ingest --reference`) were never trained: their gains are what 'unseen'
-looks like under this bank. A document looks unseen when neither of its gains is larger than the
-largest reference gain. `verify_forgotten` also looks for the text itself: the registry holds no
+looks like under this bank. Each gain becomes a z-score against the references' gains; a document
+looks unseen unless one of its z-scores passes Z_SEEN (3 standard deviations: about 1 unseen
+document in 700 would pass it by chance under a normal spread). A document whose facts other
+documents also teach keeps some fact gain after forgetting: that knowledge is not its alone.
+`verify_forgotten` also looks for the text itself: the registry holds no
 document with its id or text, and no file of the bank contains a fragment of it.
 """
 
@@ -30,6 +33,8 @@ from .prompts import prompts_for
 from .serve import BankSession
 
 Progress = Callable[[str, int, int], None]
+Z_SEEN = 3.0  # a gain this many reference standard deviations above the reference mean looks seen
+MIN_REFERENCES = 3  # fewer give no usable spread
 NEEDLE_CHARS = 20  # text fragments at least this long are searched for in the bank's files
 MAX_NEEDLES = 16
 
@@ -102,17 +107,26 @@ def baseline(session: BankSession, progress: Progress | None = None) -> Baseline
     return Baseline([x.text for x in g.values()], [x.facts for x in g.values() if not math.isnan(x.facts)])
 
 
-def judge(gain: Losses, base: Baseline) -> tuple[float | None, str]:
-    """(share of references whose text gain is below this one's, verdict). The verdict is 'unseen'
-    when neither gain exceeds the largest reference gain, 'SEEN' otherwise, and 'unverified'
-    without reference documents."""
-    if not base.text:
-        return None, "unverified"
-    above = float(np.mean([g < gain.text for g in base.text]))
-    seen = gain.text > max(base.text) or (
-        bool(base.facts) and not math.isnan(gain.facts) and gain.facts > max(base.facts)
-    )
-    return above, "SEEN" if seen else "unseen"
+def zscores(gain: Losses, base: Baseline) -> Losses:
+    """How many reference standard deviations each gain lies above the references' mean gain."""
+
+    def z(x: float, ref: list[float]) -> float:
+        if math.isnan(x) or len(ref) < MIN_REFERENCES:
+            return math.nan
+        sd = float(np.std(ref, ddof=1))
+        return (x - float(np.mean(ref))) / max(sd, 1e-6)
+
+    return Losses(z(gain.text, base.text), z(gain.facts, base.facts))
+
+
+def judge(gain: Losses, base: Baseline) -> tuple[Losses, str]:
+    """(z-scores, verdict): 'SEEN' when a z-score passes Z_SEEN, 'unseen' otherwise, 'unverified'
+    with fewer than MIN_REFERENCES reference documents."""
+    z = zscores(gain, base)
+    if math.isnan(z.text):
+        return z, "unverified"
+    seen = z.text > Z_SEEN or (not math.isnan(z.facts) and z.facts > Z_SEEN)
+    return z, "SEEN" if seen else "unseen"
 
 
 # ---- verification ------------------------------------------------------------------------------------
@@ -126,7 +140,8 @@ class VerifyResult:
     loss_bank: float
     gain: float
     fact_gain: float
-    above_references: float | None
+    z: float  # text gain in reference standard deviations above their mean
+    fact_z: float
     verdict: str
 
     @property
@@ -182,11 +197,11 @@ def verify_forgotten(
         g = gains(alone, bank)
         out = []
         for d in docs:
-            above, verdict = judge(g[d.id], base)
+            z, verdict = judge(g[d.id], base)
             out.append(
                 VerifyResult(
                     d.id, d.id in known or d.sha256 in shas, traces[d.id], len(frags[d.id]),
-                    alone[d.id].text, bank[d.id].text, g[d.id].text, g[d.id].facts, above, verdict,
+                    alone[d.id].text, bank[d.id].text, g[d.id].text, g[d.id].facts, z.text, z.facts, verdict,
                 )
             )  # fmt: skip
         return out

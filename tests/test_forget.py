@@ -3,6 +3,7 @@ else moves, an interruption changes nothing, and the proof and its re-check run.
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -39,7 +40,8 @@ def twin_banks(home: Path, corpus: Path, tiny_anchor: Path, tmp_path: Path) -> t
     refs.mkdir()
     (refs / "r1.txt").write_text("Tin is a soft metal that was once used for cans and toys.")
     (refs / "r2.txt").write_text("The heron is a tall bird that waits in shallow water for fish.")
-    assert ingest("a", [refs], reference=True, home=home).references_added == 2
+    (refs / "r3.txt").write_text("Krypton is a rare gas that was found in liquid air in 1898.")
+    assert ingest("a", [refs], reference=True, home=home).references_added == 3
     shutil.copytree(home / "banks" / "a", home / "banks" / "b")
     b = Registry.open("b", home)
     with b.db.atomic():
@@ -77,9 +79,9 @@ def test_exact_forgetting_equals_training_without_the_document(home: Path, twin_
     # the report: in the registry, with the proof
     assert report.report_id and report.blocks_replaced > 0 and report.files_deleted > 0
     proof = report.proofs[0]
-    assert proof.doc == DOC and proof.verdict in ("unseen", "SEEN") and proof.above_references is not None
+    assert proof.doc == DOC and proof.verdict in ("unseen", "SEEN") and math.isfinite(proof.z_after)
     assert proof.gain_after < proof.gain_before  # the memories lost what they knew of the text
-    assert report.reference["documents"] == 2
+    assert report.reference["documents"] == 3
     stored = a.db.execute("select report from forget_reports").fetchone()[0]
     assert DOC in stored and SECRET.decode() not in stored
     (again,) = verify_forgotten("a", [Path(str(home)).parent / "docs" / DOC], home=home)

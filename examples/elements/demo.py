@@ -2,7 +2,8 @@
 
 Builds the corpus and probes from the mendeleev package, ingests them into a fresh bank, trains
 memory blocks on the frozen SmolLM2-135M-Instruct anchor, then compares probe accuracy of the
-anchor alone, the generic memory and the fetched memories. Everything lives under demo-out/.
+anchor alone, the generic memory and the fetched memories; then shows provenance (`audit`), one
+document's blocks withheld (`block`, `ask`, `unblock`) and RAG. Everything lives under demo-out/.
 """
 
 from __future__ import annotations
@@ -87,6 +88,24 @@ def main() -> None:
         args = ["eval", "--bank", "elements", "--probes", str(out / "data" / probes), "--setups", setups, "--json"]
         raw = step(name, memctl + args + extra, env, times, capture=True)
         results[name] = {r["setup"]: r for r in json.loads(raw)["results"]}
+    # privacy and serving in a few seconds each: provenance, a blocked document, RAG
+    question = "The atomic number of Neon is"
+    step("audit neon", memctl + ["audit", "--bank", "elements", "--doc", "neon"], env, times)
+    step("ask", memctl + ["ask", question, "--bank", "elements", "--max-new-tokens", "8"], env, times)
+    step(
+        "block neon",
+        memctl + ["block", "--bank", "elements", "--doc", "neon", "--reason", "demo: withhold one document"],
+        env,
+        times,
+    )
+    step("ask blocked", memctl + ["ask", question, "--bank", "elements", "--max-new-tokens", "8"], env, times)
+    step("unblock", memctl + ["unblock", "--bank", "elements", "--all", "--reason", "demo done"], env, times)
+    step(
+        "ask --rag --no-memory",
+        memctl + ["ask", question, "--bank", "elements", "--rag", "--no-memory", "--max-new-tokens", "8"],
+        env,
+        times,
+    )
     total = time.perf_counter() - t0
     res, res2 = results["evaluate"], results["evaluate rephrased"]
     summary = {"results": res, "rephrased": res2, "seconds": times, "total_seconds": total}

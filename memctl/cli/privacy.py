@@ -221,13 +221,14 @@ def _print_report(r: Any) -> None:
         t, f = ref["gain"], ref["fact_gain"]
         caption = (
             f"{ref['documents']} unseen reference documents: text gain {t['mean']:+.3f} ± {t['sd']:.3f} "
-            f"(max {t['max']:+.3f}); fact gain {f['mean']:+.3f} ± {f['sd']:.3f} (max {f['max']:+.3f})"
+            f"(max {t['max']:+.3f}); fact gain {f['mean']:+.3f} ± {f['sd']:.3f} (max {f['max']:+.3f}). "
+            "SEEN: a gain more than 3 of their standard deviations above their mean"
         )
     table = Table(
         title="proof of forgetting: gain = anchor-alone loss − bank loss (nats/token), on the text and on its facts",
         caption=caption,
     )
-    for col in ("document", "anchor loss", "loss before → after", "text gain", "fact gain", "verdict"):
+    for col in ("document", "anchor loss", "loss before → after", "text gain", "fact gain", "verdict after"):
         table.add_column(col, justify="right")
     has_probes = any(p.probes_before for p in r.proofs)
     if has_probes:
@@ -237,8 +238,8 @@ def _print_report(r: Any) -> None:
             p.doc,
             f"{p.loss_anchor:.3f}",
             f"{p.loss_before:.3f} → {p.loss_after:.3f}",
-            f"{p.gain_before:+.3f} → {p.gain_after:+.3f}",
-            f"{p.fact_gain_before:+.3f} → {p.fact_gain_after:+.3f}",
+            f"{p.gain_before:+.3f} → {p.gain_after:+.3f} (z {p.z_before:+.1f} → {p.z_after:+.1f})",
+            f"{p.fact_gain_before:+.3f} → {p.fact_gain_after:+.3f} (z {p.fact_z_before:+.1f} → {p.fact_z_after:+.1f})",
             p.verdict,
         ]
         if has_probes:
@@ -293,9 +294,8 @@ def verify_forgotten(
                 r.doc,
                 "YES" if r.in_registry else "no",
                 ", ".join(r.traces) or f"none ({r.fragments} fragments searched)",
-                f"{r.gain:+.3f}",
-                f"{r.fact_gain:+.3f}",
-                pct(r.above_references),
+                f"{r.gain:+.3f} ({r.z:+.1f})",
+                f"{r.fact_gain:+.3f} ({r.fact_z:+.1f})",
                 r.verdict,
             )
         out.print(table)
