@@ -167,6 +167,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=40)
     ap.add_argument("--stream", type=int, default=50)
+    ap.add_argument("--parts", default="1,2,3", help="which measurements to run")
     ap.add_argument("--out", default=str(ROOT / "demo-out" / "serve.json"))
     a = ap.parse_args()
     home, data = Path(a.home), Path(a.data)
@@ -184,71 +185,70 @@ def main() -> None:
         "threads": torch.get_num_threads(),
     }
 
-    console.rule("1. latency of a 40-token answer")
-    lat = latency(home, a.bank, [q["prompt"] for q in probes[: a.questions]], a.tokens, a.repeats)
-    results["latency"] = lat
-
-    console.rule("2. peak resident memory: this bank vs a bank ten times larger")
+    parts = {int(x) for x in a.parts.split(",")}
     work = Path(tempfile.mkdtemp(prefix="memctl-serve-", dir=ROOT / "demo-out"))
-    big_k = next(kk for kk in range(k + 1, 64) if sum(kk ** (lv + 1) * r for lv, r in enumerate(cfg.memory.ranks))
-                 >= 10 * sum(k ** (lv + 1) * r for lv, r in enumerate(cfg.memory.ranks)))  # fmt: skip
-    synthetic_bank(work, home, a.bank, "big", (big_k, p), cfg.memory.ranks, data / "elements.jsonl")
-    small_bytes, big_bytes = reg.bytes_on_disk(), Registry.open("big", work).bytes_on_disk()
-    q = probes[0]["prompt"]
-    rss_small = max(peak_rss(home, a.bank, q, a.tokens) for _ in range(2))
-    rss_big = max(peak_rss(work, "big", q, a.tokens) for _ in range(2))
-    results["memory"] = {"bank_bytes": small_bytes, "big_bank_bytes": big_bytes, "big_tree": [big_k, p],
-                         "rss": rss_small, "rss_big": rss_big, "ratio": rss_big / rss_small}  # fmt: skip
-
-    console.rule("3. bytes read for a 50-question stream: hierarchical vs flat bank")
-    synthetic_bank(work, home, a.bank, "flat", (k**p, 1), (sum(cfg.memory.ranks),), data / "elements.jsonl")
-    clustered, shuffled = question_stream(home, a.bank, probes, a.stream)  # the same questions for both banks
-    budget = 2 * lat["fetched_bytes"]
-    results["stream"] = {
-        "cache_bytes": budget,
-        "questions": len(clustered),
-        "hierarchical": {"clustered": stream_bytes(home, a.bank, clustered, budget),
-                         "shuffled": stream_bytes(home, a.bank, shuffled, budget)},
-        "flat": {"clustered": stream_bytes(work, "flat", clustered, budget),
-                 "shuffled": stream_bytes(work, "flat", shuffled, budget)},
-    }  # fmt: skip
-    Path(a.out).write_text(json.dumps(results, indent=2))
-    for sub in ("big", "flat"):
+    fetched_bytes = 4 * cfg.memory.fetched_params
+    mib = 2**20
+    try:
+        if 1 in parts:
+            console.rule("1. latency of a 40-token answer")
+            lat = latency(home, a.bank, [q["prompt"] for q in probes[: a.questions]], a.tokens, a.repeats)
+            results["latency"] = lat
+            t = Table(
+                title=f"{a.tokens}-token answer, bank {a.bank} (tree {k}x{p}, fetched {fetched_bytes / mib:.0f} MiB), "
+                f"mean of {lat['questions']} questions, median of {a.repeats} runs"
+            )
+            for col in ("anchor alone", "with memories", "route", "fetch cold", "fetch warm", "extra compute",
+                        "overhead (warm)", "overhead (cold)"):  # fmt: skip
+                t.add_column(col, justify="right")
+            t.add_row(f"{lat['anchor_s']:.3f} s", f"{lat['memory_s']:.3f} s", f"{1e3 * lat['route_s']:.1f} ms",
+                      f"{1e3 * lat['fetch_cold_s']:.1f} ms", f"{1e3 * lat['fetch_warm_s']:.2f} ms",
+                      f"{1e3 * lat['extra_compute_s']:.0f} ms", f"{100 * lat['overhead_warm']:.1f}%",
+                      f"{100 * lat['overhead_cold']:.1f}%")  # fmt: skip
+            console.print(t)
+        if 2 in parts:
+            console.rule("2. peak resident memory: this bank vs a bank ten times larger")
+            units = sum(k ** (lv + 1) * r for lv, r in enumerate(cfg.memory.ranks))
+            big_k = next(kk for kk in range(k + 1, 64)
+                         if sum(kk ** (lv + 1) * r for lv, r in enumerate(cfg.memory.ranks)) >= 10 * units)  # fmt: skip
+            synthetic_bank(work, home, a.bank, "big", (big_k, p), cfg.memory.ranks, data / "elements.jsonl")
+            small_bytes, big_bytes = reg.bytes_on_disk(), Registry.open("big", work).bytes_on_disk()
+            q = probes[0]["prompt"]
+            rss_small = max(peak_rss(home, a.bank, q, a.tokens) for _ in range(2))
+            rss_big = max(peak_rss(work, "big", q, a.tokens) for _ in range(2))
+            results["memory"] = {"bank_bytes": small_bytes, "big_bank_bytes": big_bytes, "big_tree": [big_k, p],
+                                 "rss": rss_small, "rss_big": rss_big, "ratio": rss_big / rss_small}  # fmt: skip
+            t = Table(title="peak resident memory of `memctl ask`")
+            for col in ("bank", "on disk", "peak RSS"):
+                t.add_column(col, justify="right")
+            t.add_row(f"{a.bank} ({k}x{p})", f"{small_bytes / mib:.0f} MiB", f"{rss_small / mib:.0f} MiB")
+            t.add_row(f"10x: synthetic ({big_k}x{p})", f"{big_bytes / mib:.0f} MiB", f"{rss_big / mib:.0f} MiB")
+            console.print(t)
+            console.print(f"resident memory ratio, 10x bank / bank: {rss_big / rss_small:.3f} (goal: within 5%)")
+        if 3 in parts:
+            console.rule("3. bytes read for a 50-question stream: hierarchical vs flat bank")
+            synthetic_bank(work, home, a.bank, "flat", (k**p, 1), (sum(cfg.memory.ranks),), data / "elements.jsonl")
+            clustered, shuffled = question_stream(home, a.bank, probes, a.stream)  # the same questions for both
+            results["stream"] = []
+            t = Table(title=f"bytes read from disk per question, {len(clustered)} questions")
+            for col in ("cache budget", "bank", "topic-clustered", "shuffled"):
+                t.add_column(col, justify="right")
+            for mult in (2, 5):
+                budget = mult * fetched_bytes
+                row = {"cache_bytes": budget, "questions": len(clustered)}
+                for name, h, b in (("hierarchical", home, a.bank), ("flat", work, "flat")):
+                    row[name] = {"clustered": stream_bytes(h, b, clustered, budget),
+                                 "shuffled": stream_bytes(h, b, shuffled, budget)}  # fmt: skip
+                    t.add_row(f"{budget / mib:.0f} MiB ({mult} paths)", name,
+                              f"{row[name]['clustered']['per_question'] / mib:.1f} MiB",
+                              f"{row[name]['shuffled']['per_question'] / mib:.1f} MiB")  # fmt: skip
+                results["stream"].append(row)
+            console.print(t)
+    finally:
         import shutil
 
-        shutil.rmtree(work / "banks" / sub, ignore_errors=True)
-
-    mib = 2**20
-    t = Table(
-        title=f"{a.tokens}-token answer, bank {a.bank} (tree {k}x{p}, fetched {lat['fetched_bytes'] / mib:.0f} MiB), "
-        f"mean of {lat['questions']} questions, median of {a.repeats} runs"
-    )
-    for col in ("anchor alone", "with memories", "route", "fetch cold", "fetch warm", "extra compute",
-                "overhead (warm)", "overhead (cold)"):  # fmt: skip
-        t.add_column(col, justify="right")
-    t.add_row(f"{lat['anchor_s']:.3f} s", f"{lat['memory_s']:.3f} s", f"{1e3 * lat['route_s']:.1f} ms",
-              f"{1e3 * lat['fetch_cold_s']:.1f} ms", f"{1e3 * lat['fetch_warm_s']:.2f} ms",
-              f"{1e3 * lat['extra_compute_s']:.0f} ms", f"{100 * lat['overhead_warm']:.1f}%",
-              f"{100 * lat['overhead_cold']:.1f}%")  # fmt: skip
-    console.print(t)
-    m = results["memory"]
-    t = Table(title="peak resident memory of `memctl ask`")
-    for col in ("bank", "on disk", "peak RSS"):
-        t.add_column(col, justify="right")
-    t.add_row(f"{a.bank} ({k}x{p})", f"{small_bytes / mib:.0f} MiB", f"{rss_small / mib:.0f} MiB")
-    t.add_row(f"10x: synthetic ({big_k}x{p})", f"{big_bytes / mib:.0f} MiB", f"{rss_big / mib:.0f} MiB")
-    console.print(t)
-    console.print(f"resident memory ratio, 10x bank / bank: {m['ratio']:.3f} (goal: within 5%)")
-    s = results["stream"]
-    t = Table(title=f"bytes read per question, {s['questions']} questions, cache {budget / mib:.0f} MiB")
-    for col in ("bank", "topic-clustered", "shuffled"):
-        t.add_column(col, justify="right")
-    for name in ("hierarchical", "flat"):
-        t.add_row(name, f"{s[name]['clustered']['per_question'] / mib:.1f} MiB",
-                  f"{s[name]['shuffled']['per_question'] / mib:.1f} MiB")  # fmt: skip
-    console.print(t)
-    hc, fc = s["hierarchical"]["clustered"]["per_question"], s["flat"]["clustered"]["per_question"]
-    console.print(f"flat / hierarchical bytes per question (topic-clustered): {fc / max(hc, 1):.2f}x")
+        shutil.rmtree(work, ignore_errors=True)
+    Path(a.out).write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ whose budget is counted in bytes, and never serves a block that is blocked or ou
   change nothing) are reported as absent rather than loaded.
 * The byte budget counts every loaded block. Blocks of the shallow levels (`pin_levels`, and the
   generic memory) are pinned, never evicted: consecutive questions in the same subtree re-read only
-  deeper blocks. Unpinned blocks are evicted least recently used first while the cache is over budget.
+  deeper blocks. Unpinned blocks are evicted least recently used first while the cache is over budget,
+  except the block just read (so pins that fill the budget still let a follow-up question reuse it).
 * A blocked block, or one that the session's `allow` tags cannot reach, is withheld *before* any
   file is touched. The store re-reads the registry's block table whenever the database changed
   (another process blocked a block, a retrain switched files), so neither a blocked nor a replaced
@@ -59,6 +60,7 @@ class BlockStore:
         self.serve_blocked = serve_blocked
         self.cache_bytes = cache_bytes
         self.pin_levels = pin_levels
+        self.depth = reg.config.tree.p
         self.allow = allow
         self.stats = StoreStats()
         self._cache: OrderedDict[Key, tuple[str, dict[str, torch.Tensor], int]] = OrderedDict()
@@ -100,7 +102,8 @@ class BlockStore:
 
     # ---- the cache --------------------------------------------------------------------------------
     def pinned(self, key: Key) -> bool:
-        return key[0] <= self.pin_levels  # level 0 (generic) and the shallow levels
+        """The generic memory and the shallow levels; never the leaves (a flat bank pins nothing)."""
+        return key[0] <= min(self.pin_levels, self.depth - 1)
 
     @property
     def cached_bytes(self) -> int:
@@ -109,12 +112,14 @@ class BlockStore:
     def cached(self) -> list[str]:
         return [block_id(*key) for key in self._cache]
 
-    def _evict(self) -> None:
+    def _evict(self, keep: Key) -> None:
+        """Drop unpinned blocks, least recently used first, while over budget; `keep` (the block just
+        read) stays even then, so pins that fill the budget never turn every fetch into a read."""
         total = self.cached_bytes
         for key in list(self._cache):  # least recently used first
             if total <= self.cache_bytes:
                 break
-            if self.pinned(key):
+            if self.pinned(key) or key == keep:
                 continue
             total -= self._cache.pop(key)[2]
             self.stats.evictions += 1
@@ -137,7 +142,7 @@ class BlockStore:
         self.stats.misses += 1
         self.stats.bytes_read += n
         self._cache[key] = (row["sha256"], block, n)
-        self._evict()
+        self._evict(keep=key)
         return block
 
     # ---- what a forward pass uses ----------------------------------------------------------------

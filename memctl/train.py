@@ -266,12 +266,13 @@ def write_unit(reg: Registry, tu: TrainedUnit) -> dict[tuple[int, int], tuple[st
 
 def record_unit(reg: Registry, tu: TrainedUnit, files: dict[tuple[int, int], tuple[str, str]]) -> None:
     """Point the unit's block rows at their new files, with provenance (inside the caller's
-    transaction, if any). Blocks of the unit that saw no data go back to their initial state."""
+    transaction, if any). Blocks of the unit that saw no data (stale, dropped or withheld ones
+    included) go back to their initial state."""
     stamp = now()
     for level, first, n in tu.unit.levels:
         reg.db.execute(
             "update blocks set file = null, sha256 = null, state = 'init', trained_tokens = 0, updated = ? "
-            "where level = ? and idx >= ? and idx < ? and file is not null",
+            "where level = ? and idx >= ? and idx < ? and (file is not null or state != 'init')",
             [stamp, level, first, first + n],
         )
         reg.db.execute(

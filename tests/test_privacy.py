@@ -114,9 +114,12 @@ def test_cache_respects_its_byte_budget_and_pins_shallow_levels(home: Path, bank
     assert all(block_id(*k) in store.cached() for k in l1)  # pinned: never evicted
     assert store.stats.evictions == len(leaves) - 1
     assert store.stats.hits == len(l1) and store.stats.misses == len(l1) + len(leaves)
-    assert store.stats.bytes_read == sum(
-        sum(t.numel() * t.element_size() for t in bank.read_block(bank.block(*k)).values()) for k in l1 + leaves
-    )
+    assert store.stats.bytes_read == sum(size(k) for k in l1 + leaves)
+    tight = BlockStore(bank, cache_bytes=1)  # pins alone overfill it
+    for key in l1 + [leaves[0], leaves[0], leaves[1]]:
+        tight.get(*key)
+    assert tight.stats.hits == 1  # the leaf just read survives until the next question
+    assert [b for b in tight.cached() if not b.startswith("1:")] == [block_id(*leaves[1])]
 
 
 def test_fetched_blocks_are_bit_identical_to_the_trained_parameters(

@@ -54,7 +54,8 @@ def ask(
     out.print(d["answer"].strip(), highlight=False)
     where = {"none": "anchor alone", "generic": "generic memory"}.get(d["mode"])
     if where is None:
-        where = f"path {'/'.join(map(str, d['path']))}, blocks {', '.join(d['blocks']) or 'none trained'}"
+        served = ", ".join(d["blocks"]) or ("none served" if d["withheld"] else "none trained")
+        where = f"path {'/'.join(map(str, d['path']))}, blocks {served}"
         if d["withheld"]:
             where += f" (withheld: {', '.join(d['withheld'])})"
     r = d["retrieved"]
