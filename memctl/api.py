@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 from torch import nn
@@ -143,6 +143,3 @@ class Memories:
         if self._retriever is None:
             self._retriever = Retriever(self.reg, self.allow)
         return self._retriever
-
-    def info(self) -> dict[str, Any]:
-        return {"bank": self.reg.name, "tree": (self.cfg.tree.k, self.cfg.tree.p), "layers": self.cfg.memory.layers}

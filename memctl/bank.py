@@ -37,7 +37,7 @@ class IngestResult:
     references_added: int = 0
 
 
-def _token_counter(anchor: Anchor) -> Callable[[str], int]:
+def token_counter(anchor: Anchor) -> Callable[[str], int]:
     tok = anchor.tokenizer
 
     def count(text: str) -> int:
@@ -176,7 +176,7 @@ def ingest(
         )
 
     t = time.perf_counter()
-    count = _token_counter(the_anchor)
+    count = token_counter(the_anchor)
     windows: list[Window] = []
     for i, d in enumerate(new_docs):
         windows.extend(split_windows(d, win, count))

@@ -171,7 +171,7 @@ class Chat:
             found = s.retriever.retrieve(s.embedder.encode([message]) if routed != message else x, paths)[0]
             if found is not None:
                 retrieved = found.to_dict()
-                text = with_context(found.text, message, s.anchor.tokenizer, s.cfg.window)
+                text = with_context(found.text, message, s.anchor.tokenizer, s.rag_budget(message, st.max_new_tokens))
         t_retrieve = time.perf_counter() - t1
         t2 = time.perf_counter()
         stats0 = s.store.stats.to_dict()
@@ -202,7 +202,7 @@ class Chat:
             )
         t_gen = time.perf_counter() - t3
         path = [int(v) for v in paths[0]]
-        used, withheld = s._blocks_used(st.mode, path if st.mode == "fetched" else None)
+        used, withheld = s.blocks_used(st.mode, path if st.mode == "fetched" else None)
         turn = Turn(
             message,
             "".join(pieces).strip(),

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from .bank import token_counter
 from .corpus import Document, read_documents, split_windows
 from .errors import BankStateError
 from .perplexity import TextLoss, answer_losses, combine, summary, text_losses
@@ -79,11 +80,8 @@ def reference_docs(session: BankSession) -> dict[str, DocText]:
 
 
 def windowed(session: BankSession, docs: Sequence[Document]) -> dict[str, DocText]:
-    tok = session.anchor.tokenizer
-
-    def count(text: str) -> int:
-        return len(tok(text, add_special_tokens=False)["input_ids"])
-
+    """Documents cut into windows as ingest cuts them."""
+    count = token_counter(session.anchor)
     return {d.id: DocText(d.title, [w.text for w in split_windows(d, session.cfg.window, count)]) for d in docs}
 
 

@@ -123,7 +123,7 @@ class BankSession(Memories):
             if x is None:
                 x = self.embedder.encode(list(prompts))
             found = self.retriever.retrieve(x, paths)
-            texts = [with_context(r.text, p, self.anchor.tokenizer, self._rag_budget(p, max_new_tokens)) if r else p
+            texts = [with_context(r.text, p, self.anchor.tokenizer, self.rag_budget(p, max_new_tokens)) if r else p
                      for p, r in zip(prompts, found, strict=True)]  # fmt: skip
         t_retrieve = time.perf_counter() - t1
         t2 = time.perf_counter()
@@ -136,18 +136,18 @@ class BankSession(Memories):
         answers = []
         for i, (p, t) in enumerate(zip(prompts, outs, strict=True)):
             path = [int(v) for v in paths[i]] if paths is not None and mode == "fetched" else None
-            blocks, withheld = self._blocks_used(mode, path)
+            blocks, withheld = self.blocks_used(mode, path)
             r = found[i]
             answers.append(Answer(p, t, mode, path, blocks, withheld, timings, r.to_dict() if r else None))
         return answers
 
-    def _rag_budget(self, prompt: str, max_new_tokens: int) -> int:
+    def rag_budget(self, prompt: str, max_new_tokens: int) -> int:
         """Tokens the retrieved window may take: a bank window, within the anchor's context."""
         limit = int(getattr(self.anchor.model.config, "max_position_embeddings", 2048) or 2048)
         used = len(self.anchor.tokenizer(prompt, add_special_tokens=False)["input_ids"]) + max_new_tokens + 64
         return max(0, min(self.cfg.window, limit - used))
 
-    def _blocks_used(self, mode: str, path: list[int] | None) -> tuple[list[str], list[str]]:
+    def blocks_used(self, mode: str, path: list[int] | None) -> tuple[list[str], list[str]]:
         """(blocks served, blocks withheld: blocked or out of reach) for one answer."""
         if mode == "generic":
             keys = [(0, 0)]
