@@ -34,7 +34,7 @@ def memctl(env: dict[str, str], *args: str) -> str:
 
 def scores(env: dict[str, str], bank: str, probes: Path, setups: str) -> dict[str, dict]:
     out = json.loads(memctl(env, "eval", "--bank", bank, "--probes", str(probes), "--setups", setups, "--json"))
-    return {r["setup"]: r for r in out["results"]}
+    return {r["setup"]: r for r in out["setups"]}
 
 
 def main() -> None:

@@ -37,6 +37,17 @@ Mode = Literal["fetched", "generic", "none"]
 MODES: tuple[str, ...] = ("fetched", "generic", "none")
 
 
+def unique_paths(paths: np.ndarray) -> np.ndarray:
+    """(B, n, p) -> a copy where a node already on an earlier path of the same row is -1, so that
+    fetching every path adds each block once."""
+    own = np.array(paths, dtype=np.int64, copy=True)
+    for j in range(1, own.shape[1]):
+        for lvl in range(own.shape[2]):
+            seen = (paths[:, :j, lvl] == paths[:, j, lvl][:, None]).any(1)
+            own[seen, j, lvl] = -1
+    return own
+
+
 class Memories:
     """Bank `name`: its tree, embedder and block store; attach it to a model to use its blocks.
 
@@ -121,6 +132,18 @@ class Memories:
                 raise InputError("fetched memories need routes (paths)")
             return self.store.fetch_paths(paths)
         raise InputError(f"unknown memory mode {mode!r}; use one of {', '.join(MODES)}")
+
+    def fetch_union(self, paths: np.ndarray) -> Fetched:
+        """paths (B, n, p), -1 = nothing at that level: each row fetches the union of the blocks on
+        its n paths (a beam's leaves with their ancestors); a block on several paths is fetched once."""
+        paths = np.asarray(paths, dtype=np.int64)
+        if paths.ndim != 3:
+            raise InputError("fetch_union takes paths of shape (batch, n, levels)")
+        own = unique_paths(paths)
+        levels = []
+        for j in range(own.shape[1]):
+            levels.extend(self.store.fetch_paths(own[:, j]).levels)
+        return Fetched(levels=levels, batch=int(paths.shape[0]))
 
     def use(
         self, prompts: Sequence[str] | None = None, *, mode: str = "fetched", paths: np.ndarray | None = None

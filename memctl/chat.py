@@ -14,19 +14,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import TextStreamer
 
 from .api import MODES
 from .errors import InputError
+from .labels import LABEL_TITLES, node_label
 from .rag import with_context
 from .registry import block_id
 from .serve import BankSession
 from .tree import route
 
 ROUTE_ON = ("message", "conversation")
-LABEL_TITLES = 2  # titles per node label
 
 
 @dataclass(frozen=True)
@@ -99,32 +98,8 @@ class Chat:
         """Titles of the documents whose windows sit nearest the node's centroid."""
         key = (level, node)
         if key not in self._labels:
-            reg = self.session.reg
-            rows = list(
-                reg.db.query("select w.embedding, d.title from windows w join documents d on d.id = w.doc_id "
-                             "where w.path like ? order by w.id", [self._path_prefix(level, node)])
-            )  # fmt: skip
-            if not rows:
-                self._labels[key] = "(empty)"
-            else:
-                centre = self.session.tree.centroids[level - 1][node]
-                vecs = np.stack([np.frombuffer(r["embedding"], dtype=np.float32) for r in rows])
-                order = np.argsort(-(vecs @ centre), kind="stable")
-                titles: list[str] = []
-                for i in order:
-                    t = rows[int(i)]["title"] or "?"
-                    if t not in titles:
-                        titles.append(t)
-                    if len(titles) == LABEL_TITLES:
-                        break
-                self._labels[key] = ", ".join(titles)
+            self._labels[key] = node_label(self.session.reg, self.session.tree, level, node, LABEL_TITLES)
         return self._labels[key]
-
-    def _path_prefix(self, level: int, node: int) -> str:
-        """LIKE pattern of window paths through `node` at `level` (its ancestors follow from it)."""
-        k = self.session.tree.k
-        nodes = [node // k ** (level - 1 - lv) for lv in range(level)]
-        return ",".join(map(str, nodes)) + ("" if level == self.session.tree.p else ",%")
 
     # ---- turns ----------------------------------------------------------------------------------------
     @staticmethod

@@ -215,7 +215,7 @@ def heldout_prompts(reg: Registry, unit: str, limit: int = 64, exclude: frozense
 
 def heldout_accuracy(anchor: Anchor, handle: Any, unit: Any, params: Any, held: HeldOut, batch: int = 16) -> float:
     """Share of held-out prompts whose answer the unit's current blocks produce (8 greedy tokens)."""
-    from .evaluate import PROBE_TOKENS, is_correct
+    from .probes import PROBE_TOKENS, is_correct
     from .serve import greedy
 
     correct = 0

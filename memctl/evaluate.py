@@ -1,164 +1,388 @@
-"""Probe evaluation: whole-word scoring of greedy answers, Wilson intervals, setups compared."""
+"""`memctl eval`: what memories buy, on any bank and any probe set.
+
+Setups (each changes what the model sees):
+  anchor             no memory, the probe alone
+  generic            the generic memory (same fetched size, no routing)
+  fetched            the blocks the probe routes to
+  rag                the nearest stored window of the routed leaf in the prompt, no memory
+  rag+fetched        both
+  oracle-rag         the probe's own document in the prompt, no memory: the open-book ceiling
+  fetched-corrupted  the routed leaf replaced by each of its siblings (the paper's failure analysis)
+Variants: `beam` > 1 adds 'fetched' with the blocks of the N best leaves and their ancestors;
+block fractions add 'fetched' with the best-matching fraction of the bank blocked for each probe.
+Perplexity: mean token perplexity of documents under anchor, generic and fetched, memories routed on
+the whole document.
+
+Work is a list of jobs (one greedy answer, or one chunk's loss); jobs of one variant run in batches
+that mix paths (every row fetches its own blocks). With a run store, each batch's answers are
+committed as they come, so a stopped run resumes.
+"""
 
 from __future__ import annotations
 
-import json
-import math
-import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .errors import InputError
-from .serve import BankSession
+from .corpus import read_documents
+from .errors import InputError, MemctlError
+from .evalruns import EvalRuns, ItemResult
+from .memory import Fetched
+from .perplexity import token_losses
+from .probes import PROBE_TOKENS, Probe, file_sha256, is_correct
+from .rag import with_context
+from .serve import BankSession, greedy
+from .tree import best_matching, route_avoiding, route_beam
 
-PROBE_TOKENS = 8  # a probe is correct when an answer appears in this many greedy new tokens
 Progress = Callable[[str, int, int], None]
-# setup name -> memory mode of BankSession.generate
-SETUPS: dict[str, str] = {"anchor": "none", "generic": "generic", "fetched": "fetched", "oracle-rag": "none"}
-DEFAULT_SETUPS = ("anchor", "generic", "fetched")
-OPEN_BOOK_SEPARATOR = "\n\n"  # the same layout the distillation teacher sees
+SETUPS = ("anchor", "generic", "fetched", "rag", "rag+fetched", "oracle-rag", "fetched-corrupted")
+PPL_SETUPS = {"anchor": "none", "generic": "generic", "fetched": "fetched"}  # setups perplexity applies to
+BLOCKING = ("reroute", "withhold")
+PPL_CHUNK = 512  # tokens per perplexity chunk at most (also capped by the bank's window)
+
+
+class EvalInterrupted(MemctlError):
+    exit_code = 130
 
 
 @dataclass(frozen=True)
-class Probe:
-    doc: str
-    kind: str
-    prompt: str
-    answers: tuple[str, ...]
+class EvalOptions:
+    setups: tuple[str, ...] = SETUPS
+    beam: int = 1
+    fractions: tuple[float, ...] = ()
+    blocking: str = "reroute"  # reroute: route around blocked nodes (the paper); withhold: drop them
+    batch_size: int = 16
+    explicit: bool = False  # setups were named by the user: one that cannot run is an error
 
-
-def load_probes(path: str | Path) -> list[Probe]:
-    """Read probe JSONL; a bad line is an InputError naming the file and line."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{path}: no such probe file")
-    probes = []
-    for n, line in enumerate(p.read_text(encoding="utf-8", errors="strict").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-            if not isinstance(d, dict):
-                raise ValueError("not a JSON object")
-            answers = d["answers"]
-            if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a for a in answers):
-                raise ValueError("'answers' must be a non-empty list of strings")
-            if not isinstance(d["prompt"], str) or not d["prompt"].strip():
-                raise ValueError("'prompt' must be a non-empty string")
-            probes.append(Probe(str(d.get("doc", "")), str(d.get("kind", "probe")), d["prompt"], tuple(answers)))
-        except KeyError as e:
-            raise InputError(f"{path}:{n}: missing key {e.args[0]!r}") from None
-        except ValueError as e:
-            raise InputError(f"{path}:{n}: {str(e).splitlines()[0]}") from None
-    if not probes:
-        raise InputError(f"{path}: no probes")
-    return probes
-
-
-def is_correct(generated: str, answers: Sequence[str]) -> bool:
-    """An answer must appear as a whole word. Short alphabetic answers (<= 3 letters, e.g. a symbol
-    like 'Fe') must match case exactly; everything else ignores case."""
-    for a in answers:
-        flags = 0 if (len(a) <= 3 and a.isalpha()) else re.IGNORECASE
-        if re.search(r"(?<!\w)" + re.escape(a) + r"(?!\w)", generated, flags):
-            return True
-    return False
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval for k successes in n trials."""
-    if n == 0:
-        return (0.0, 0.0)
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    def check(self) -> EvalOptions:
+        unknown = [s for s in self.setups if s not in SETUPS]
+        if unknown:
+            raise InputError(f"unknown setup {unknown[0]!r}; use {', '.join(SETUPS)}")
+        if not self.setups:
+            raise InputError("no setups to evaluate")
+        if self.beam < 1:
+            raise InputError("--beam must be at least 1")
+        if self.batch_size < 1:
+            raise InputError("--batch-size must be at least 1")
+        if self.blocking not in BLOCKING:
+            raise InputError(f"--blocking must be {' or '.join(BLOCKING)}")
+        for f in self.fractions:
+            if not 0 <= f <= 1:
+                raise InputError(f"block fractions must be in [0, 1], got {f}")
+        if (self.fractions or self.beam > 1) and "fetched" not in self.setups:
+            raise InputError("--block-fraction and --beam vary the fetched setup: include 'fetched' in --setups")
+        return self
 
 
 @dataclass
-class SetupResult:
-    setup: str
-    correct: int
-    n: int
-    per_kind: dict[str, tuple[int, int]]
-    seconds: float
-    answers: list[str] = field(default_factory=list)
-
-    @property
-    def accuracy(self) -> float:
-        return self.correct / self.n if self.n else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        lo, hi = wilson(self.correct, self.n)
-        return {
-            "setup": self.setup,
-            "accuracy": self.accuracy,
-            "ci95": [lo, hi],
-            "correct": self.correct,
-            "n": self.n,
-            "seconds": self.seconds,
-            "per_kind": {
-                k: {"accuracy": c / t if t else 0.0, "correct": c, "n": t, "ci95": list(wilson(c, t))}
-                for k, (c, t) in sorted(self.per_kind.items())
-            },
-        }
+class Job:
+    item: str  # unique key within a run
+    group: str  # variant: jobs batch only within their group
+    index: int  # probe index (or perplexity document index)
+    doc: str
+    prompt: str = ""
+    mode: str = "none"  # none | generic | fetched
+    paths: np.ndarray | None = None  # (n, p) for fetched; -1 = nothing at that level
+    seqs: list[int] = field(default_factory=list)  # perplexity: the chunk's token ids
 
 
-def sample_probes(probes: list[Probe], limit: int | None, seed: int) -> list[Probe]:
-    if limit is None or limit >= len(probes):
-        return probes
-    idx = np.sort(np.random.default_rng(seed).choice(len(probes), size=limit, replace=False))
-    return [probes[i] for i in idx]
+@dataclass
+class Plan:
+    probes: list[Probe]
+    jobs: list[Job]
+    routes: np.ndarray  # (N, p) greedy route of each probe
+    agree: np.ndarray  # (N, p) bool: routed into a node of its document at each level
+    known: np.ndarray  # (N,) bool: the probe's document is in the bank
+    blocked: dict[float, list[list[tuple[int, int]]]]  # fraction -> per probe, the nodes blocked
+    retrieved: list[dict[str, Any] | None]
+    notes: list[str]
+    ppl_docs: int = 0
+
+
+# ---- planning ------------------------------------------------------------------------------------
+def doc_routes(session: BankSession) -> dict[str, list[tuple[int, ...]]]:
+    out: dict[str, list[tuple[int, ...]]] = {}
+    for r in session.reg.db.query("select doc_id, path from windows order by id"):
+        out.setdefault(r["doc_id"], []).append(tuple(int(v) for v in r["path"].split(",")))
+    return out
+
+
+def agreement(routes: np.ndarray, docs: Sequence[str], by_doc: dict[str, list[tuple[int, ...]]]) -> np.ndarray:
+    """(N, p) bool: the probe's route shares its first l levels with a window of its document."""
+    out = np.zeros(routes.shape, dtype=bool)
+    for i, d in enumerate(docs):
+        for path in by_doc.get(d, []):
+            same = np.cumprod(np.asarray(path) == routes[i]).astype(bool)
+            out[i] |= same
+    return out
 
 
 def open_book(session: BankSession, probe: Probe) -> str:
-    """The probe's own document (its windows, in order) followed by the probe."""
+    """The probe's own document (its windows, in order, cut to the context) then the probe."""
     rows = session.reg.windows("doc_id = ?", [probe.doc])
-    if not rows:
-        raise InputError(f"probe document {probe.doc!r} is not in bank {session.reg.name!r}; oracle-rag needs it")
-    return "\n\n".join(r["text"] for r in rows) + OPEN_BOOK_SEPARATOR + probe.prompt
+    text = "\n\n".join(r["text"] for r in rows)
+    return with_context(text, probe.prompt, session.anchor.tokenizer, context_budget(session, probe.prompt))
+
+
+def context_budget(session: BankSession, prompt: str) -> int:
+    limit = int(getattr(session.anchor.model.config, "max_position_embeddings", 2048) or 2048)
+    used = len(session.anchor.tokenizer(prompt, add_special_tokens=False)["input_ids"]) + PROBE_TOKENS + 8
+    return max(0, limit - used)
+
+
+def siblings(session: BankSession, leaf: int) -> list[int]:
+    """The other leaves under the same parent that hold a servable block."""
+    k, p = session.tree.k, session.tree.p
+    first = (leaf // k) * k
+    return [s for s in range(first, first + k) if s != leaf and session.store.has(p, s)]
+
+
+def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_texts: Sequence[str] = ()) -> Plan:
+    opts.check()
+    tree, notes = session.tree, []
+    if probes:
+        x = session.embedder.encode([p.prompt for p in probes])
+        routes = session.route([p.prompt for p in probes])
+    else:
+        x, routes = np.zeros((0, tree.dim), np.float32), np.zeros((0, tree.p), np.int64)
+    by_doc = doc_routes(session)
+    known = np.array([p.doc in by_doc for p in probes], dtype=bool)
+    setups = list(opts.setups)
+    if "oracle-rag" in setups and not known.all():
+        missing = next(p for p in probes if p.doc not in by_doc)
+        msg = f"{int((~known).sum())} probe(s) have no document in the bank (first: {missing.doc!r})"
+        if opts.explicit:
+            raise InputError(f"oracle-rag needs each probe's own document: {msg}")
+        setups.remove("oracle-rag")
+        notes.append(f"oracle-rag skipped: {msg}")
+    retrieved: list[Any] = [None] * len(probes)
+    if probes and {"rag", "rag+fetched"} & set(setups):
+        retrieved = session.retriever.retrieve(x, routes)
+        if not any(retrieved):
+            notes.append("rag retrieved nothing (no window may be served)")
+    tok = session.anchor.tokenizer
+    rag_prompts = [
+        with_context(r.text, p.prompt, tok, session.rag_budget(p.prompt, PROBE_TOKENS)) if r else p.prompt
+        for p, r in zip(probes, retrieved, strict=True)
+    ]
+    jobs: list[Job] = []
+
+    def add(group: str, i: int, prompt: str, mode: str, paths: np.ndarray | None = None, sub: str = "") -> None:
+        jobs.append(Job(f"{group}|{i}|{sub}", group, i, probes[i].doc, prompt, mode, paths))
+
+    for s in setups:
+        for i, p in enumerate(probes):
+            route1 = routes[i][None]
+            rag_prompt = rag_prompts[i]
+            if s in ("anchor", "generic"):
+                add(s, i, p.prompt, "none" if s == "anchor" else "generic")
+            elif s == "fetched":
+                add(s, i, p.prompt, "fetched", route1)
+            elif s == "rag":
+                add(s, i, rag_prompt, "none")
+            elif s == "rag+fetched":
+                add(s, i, rag_prompt, "fetched", route1)
+            elif s == "oracle-rag":
+                add(s, i, open_book(session, p), "none")
+            elif s == "fetched-corrupted":
+                for sib in siblings(session, int(routes[i, -1])):
+                    wrong = route1.copy()
+                    wrong[0, -1] = sib
+                    add(s, i, p.prompt, "fetched", wrong, str(sib))
+    if opts.beam > 1:
+        beams = route_beam(tree, x, opts.beam)
+        for i, p in enumerate(probes):
+            add(f"fetched beam={opts.beam}", i, p.prompt, "fetched", beams[i])
+    blocked: dict[float, list[list[tuple[int, int]]]] = {}
+    for f in opts.fractions:
+        if f == 0:
+            continue
+        blocked[f] = []
+        for i, p in enumerate(probes):
+            nodes = best_matching(tree, x[i], f)
+            blocked[f].append(nodes)
+            if opts.blocking == "reroute":
+                path = route_avoiding(tree, x[i], set(nodes))
+            else:
+                path = np.array([-1 if (lvl + 1, int(n)) in nodes else int(n) for lvl, n in enumerate(routes[i])])
+            add(f"fetched blocked={f:g}", i, p.prompt, "fetched", path[None])
+    ppl_jobs = perplexity_jobs(session, ppl_texts, [s for s in setups if s in PPL_SETUPS])
+    agree = agreement(routes, [p.doc for p in probes], by_doc)
+    info = [r.to_dict() if r else None for r in retrieved]
+    return Plan(probes, jobs + ppl_jobs, routes, agree, known, blocked, info, notes, len(ppl_texts))
+
+
+def perplexity_jobs(session: BankSession, texts: Sequence[str], setups: Sequence[str]) -> list[Job]:
+    """Each document cut into chunks of at most the bank's window; memories routed on the whole
+    document (one route for all its chunks)."""
+    if not texts or not setups:
+        return []
+    tok = session.anchor.tokenizer
+    size = max(2, min(PPL_CHUNK, session.cfg.window))
+    routes = session.route(list(texts))
+    jobs = []
+    for d, text in enumerate(texts):
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        chunks = [ids[s : s + size] for s in range(0, len(ids), size)]
+        chunks = [c for c in chunks if len(c) >= 2]
+        for s in setups:
+            for c, seq in enumerate(chunks):
+                j = Job(f"ppl {s}|{d}|{c}", f"ppl {s}", d, "", mode=PPL_SETUPS[s], seqs=list(seq))
+                j.paths = routes[d][None] if s == "fetched" else None
+                jobs.append(j)
+    return jobs
+
+
+def read_texts(path: str | Path) -> list[str]:
+    """Documents for --perplexity: a .txt/.md file or a directory or a table, as `ingest` reads them."""
+    return [d.text for d in read_documents([path])]
+
+
+# ---- running ---------------------------------------------------------------------------------------
+def _fetched(session: BankSession, batch: list[Job]) -> Fetched | None:
+    mode = batch[0].mode
+    if mode == "none":
+        return None
+    if mode == "generic":
+        return session.store.fetch_generic(len(batch))
+    return session.fetch_union(np.stack([j.paths for j in batch]))  # type: ignore[misc]
+
+
+def run_jobs(
+    session: BankSession,
+    plan: Plan,
+    batch_size: int,
+    done: dict[str, ItemResult],
+    save: Callable[[list[ItemResult]], None] | None = None,
+    progress: Progress | None = None,
+) -> dict[str, ItemResult]:
+    """Answer (or score) every job not in `done`, group by group, in batches; `save` each batch."""
+    results = dict(done)
+    groups: dict[str, list[Job]] = {}
+    for j in plan.jobs:
+        groups.setdefault(j.group, []).append(j)
+    for group, jobs in groups.items():
+        todo = [j for j in jobs if j.item not in results]
+        finished = len(jobs) - len(todo)
+        if progress:
+            progress(group, finished, len(jobs))
+        for s in range(0, len(todo), batch_size):
+            batch = todo[s : s + batch_size]
+            t0 = time.perf_counter()
+            fetched = _fetched(session, batch)
+            out: list[ItemResult] = []
+            if batch[0].seqs:
+                losses = token_losses(session, [j.seqs for j in batch], fetched)
+                dt = (time.perf_counter() - t0) / len(batch)
+                out = [
+                    ItemResult(j.item, j.doc, "", 0, x.nll, x.tokens, dt) for j, x in zip(batch, losses, strict=True)
+                ]
+            else:
+                texts = greedy(session.anchor, session.handle, [j.prompt for j in batch], fetched, PROBE_TOKENS)
+                dt = (time.perf_counter() - t0) / len(batch)
+                out = [
+                    ItemResult(j.item, j.doc, t, int(is_correct(t, plan.probes[j.index].answers)), seconds=dt)
+                    for j, t in zip(batch, texts, strict=True)
+                ]
+            if save:
+                save(out)
+            results.update((r.item, r) for r in out)
+            finished += len(batch)
+            if progress:
+                progress(group, finished, len(jobs))
+    return results
+
+
+def run_eval(
+    session: BankSession,
+    probes: list[Probe],
+    opts: EvalOptions,
+    *,
+    probes_path: str | Path | None = None,
+    perplexity: str | Path | None = None,
+    params: dict[str, Any] | None = None,
+    store: bool = True,
+    fresh: bool = False,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Plan, run (resuming a stopped run with the same parameters on the same bank), aggregate, and
+    record the run in the registry. Returns the results (see `aggregate`)."""
+    from .evalresults import aggregate, answers
+
+    t0 = time.perf_counter()
+    texts = read_texts(perplexity) if perplexity else []
+    plan = plan_eval(session, probes, opts, texts)
+    params = dict(params or {})
+    params.update(
+        setups=list(opts.setups),
+        beam=opts.beam,
+        fractions=list(opts.fractions),
+        blocking=opts.blocking,
+        batch_size=opts.batch_size,
+        probes_sha256=file_sha256(probes_path) if probes_path else None,
+        n_probes=len(probes),
+        perplexity=str(perplexity) if perplexity else None,
+        perplexity_sha256=file_sha256(perplexity) if perplexity and Path(perplexity).is_file() else None,
+        probe_tokens=PROBE_TOKENS,
+    )
+    runs = EvalRuns(session.reg) if store else None
+    opened = runs.open(str(probes_path or ""), params, fresh) if runs else None
+    done = opened.done if opened else {}
+    try:
+        results = run_jobs(
+            session,
+            plan,
+            opts.batch_size,
+            done,
+            (lambda items: runs.save(opened.id, items)) if runs and opened else None,
+            progress,
+        )
+    except KeyboardInterrupt:
+        if runs and opened:
+            stored = session.reg.db.execute("select count(*) from eval_items where run_id = ?", [opened.id]).fetchone()
+            raise EvalInterrupted(
+                f"interrupted: run {opened.id} has {stored[0]}/{len(plan.jobs)} answers stored; "
+                "run the same command again to resume"
+            ) from None
+        raise
+    out = aggregate(session, plan, opts, results)
+    out.update(params=params, notes=plan.notes, seconds=time.perf_counter() - t0)
+    if runs and opened:
+        out.update(run=opened.id, resumed=opened.resumed, resumed_answers=len(done))
+        runs.finish(opened.id, out, out["seconds"])
+    out["answers"] = answers(plan, results)  # not stored: the registry keeps aggregates only
+    return out
 
 
 def evaluate(
     session: BankSession,
     probes: list[Probe],
-    setups: Sequence[str] = DEFAULT_SETUPS,
+    setups: Sequence[str] = ("anchor", "generic", "fetched"),
     batch_size: int = 16,
     progress: Progress | None = None,
-) -> list[SetupResult]:
-    """Accuracy of each setup on the probes: 'anchor' (no memory), 'generic', 'fetched' (routed
-    blocks), 'oracle-rag' (no memory, the probe's own document in the prompt: the open-book ceiling)."""
+) -> list[SetupAnswers]:
+    """Answers and accuracy of plain setups, nothing stored (forgetting reports use this)."""
+    opts = replace(EvalOptions(), setups=tuple(setups), batch_size=batch_size, explicit=True).check()
+    plan = plan_eval(session, probes, opts)
+    results = run_jobs(session, plan, batch_size, {}, None, progress)
+    out = []
     for s in setups:
-        if s not in SETUPS:
-            raise InputError(f"unknown setup {s!r}; use {', '.join(SETUPS)}")
-    paths = session.route([p.prompt for p in probes])
-    results = []
-    for setup in setups:
-        t0 = time.perf_counter()
-        texts: list[str] = []
-        for s in range(0, len(probes), batch_size):
-            chunk = probes[s : s + batch_size]
-            answers = session.generate(
-                [open_book(session, p) if setup == "oracle-rag" else p.prompt for p in chunk],
-                mode=SETUPS[setup],
-                max_new_tokens=PROBE_TOKENS,
-                paths=paths[s : s + batch_size],
-            )
-            texts.extend(a.text for a in answers)
-            if progress:
-                progress(setup, min(s + batch_size, len(probes)), len(probes))
-        per_kind: dict[str, tuple[int, int]] = {}
-        correct = 0
-        for p, t in zip(probes, texts, strict=True):
-            ok = is_correct(t, p.answers)
-            correct += ok
-            c, n = per_kind.get(p.kind, (0, 0))
-            per_kind[p.kind] = (c + ok, n + 1)
-        results.append(SetupResult(setup, correct, len(probes), per_kind, time.perf_counter() - t0, texts))
-    return results
+        rows = [results[j.item] for j in plan.jobs if j.group == s]
+        out.append(SetupAnswers(s, sum(r.correct for r in rows), len(rows), [r.answer for r in rows]))
+    return out
+
+
+@dataclass
+class SetupAnswers:
+    setup: str
+    correct: int
+    n: int
+    answers: list[str]
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n if self.n else 0.0

@@ -31,8 +31,9 @@ from typing import Any
 
 from .config import TrainConfig, train_config_from_json
 from .errors import InputError, MemctlError
-from .evaluate import Probe, evaluate, is_correct
+from .evaluate import evaluate
 from .privacy import check_docs, doc_blocks, parse_tags
+from .probes import Probe, is_correct
 from .proof import MIN_REFERENCES, DocText, baseline, gains, judge, measure, zscores
 from .registry import Registry, dumps, memctl_home, now
 from .serve import BankSession

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .memory import Fetched
 from .serve import BankSession
 
 Progress = Callable[[str, int, int], None]
@@ -47,6 +48,16 @@ def combine(losses: Sequence[TextLoss]) -> TextLoss:
 
 
 @torch.no_grad()
+def token_losses(session: BankSession, seqs: Sequence[Sequence[int]], fetched: Fetched | None) -> list[TextLoss]:
+    """NLL of each token sequence (right-padded batch) with the given blocks (None: anchor alone)."""
+    ids, mask = _pad(seqs, session.anchor.tokenizer.pad_token_id, 2)
+    with session.handle.using(fetched):
+        logits = session.anchor.model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (B, T, V)
+    nll = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), ids[:, 1:], reduction="none")  # (B, T-1)
+    valid = mask[:, 1:].bool()
+    return [TextLoss(float(nll[i][valid[i]].sum()), int(valid[i].sum())) for i in range(len(seqs))]
+
+
 def text_losses(
     session: BankSession,
     texts: Sequence[str],
@@ -60,14 +71,9 @@ def text_losses(
     out: list[TextLoss] = []
     for s in range(0, len(texts), batch_size):
         chunk = list(texts[s : s + batch_size])
-        ids, mask = _pad([tok(t, add_special_tokens=False)["input_ids"] for t in chunk], tok.pad_token_id, 2)
         paths = session.route(chunk) if mode == "fetched" else None
-        with session.handle.using(session.fetch(mode, paths, len(chunk))):
-            logits = session.anchor.model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (B, T, V)
-        nll = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), ids[:, 1:], reduction="none")  # (B, T-1)
-        valid = mask[:, 1:].bool()
-        for i in range(len(chunk)):
-            out.append(TextLoss(float(nll[i][valid[i]].sum()), int(valid[i].sum())))
+        seqs = [tok(t, add_special_tokens=False)["input_ids"] for t in chunk]
+        out.extend(token_losses(session, seqs, session.fetch(mode, paths, len(chunk))))
         if progress:
             progress(stage, min(s + batch_size, len(texts)), len(texts))
     return out

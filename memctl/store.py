@@ -158,14 +158,15 @@ class BlockStore:
 
 
 def assemble(paths: np.ndarray, lookup: Callable[[int, int], dict[str, torch.Tensor] | None]) -> Fetched:
-    """paths (B, p) -> Fetched, with `lookup(level, node)` giving each block (None: absent)."""
+    """paths (B, p) -> Fetched, with `lookup(level, node)` giving each block (None: absent).
+    A node of -1 fetches nothing at that level for that row."""
     levels = []
     for lvl in range(paths.shape[1]):
         uniq: list[int] = []
         blocks: list[dict[str, torch.Tensor]] = []
         index = []
         for node in paths[:, lvl].tolist():
-            block = lookup(lvl + 1, node)
+            block = lookup(lvl + 1, node) if node >= 0 else None
             if block is None:
                 index.append(-1)
                 continue

@@ -183,3 +183,40 @@ def best_matching(tree: Tree, x: np.ndarray, fraction: float) -> list[tuple[int,
         order = np.argsort(d2, kind="stable")[:n]
         out.extend((lvl + 1, int(i)) for i in order)
     return out
+
+
+def route_beam(tree: Tree, x: np.ndarray, beam: int) -> np.ndarray:
+    """The `beam` best leaves of each row by beam search down the tree: at each level keep the
+    `beam` nearest among the children of the nodes kept. x (B, dim) -> (B, beam, p), best first;
+    beam 1 is the greedy `route`. With fewer leaves than `beam`, the last path repeats."""
+    x = np.asarray(x, dtype=np.float32)
+    k, b = tree.k, max(1, beam)
+    out = np.empty((x.shape[0], b, tree.p), dtype=np.int64)
+    for i, q in enumerate(x):
+        kept: list[tuple[int, ...]] = [()]
+        for lvl in range(tree.p):
+            cand = [(*path, (path[-1] if path else 0) * k + j) for path in kept for j in range(k)]
+            c = tree.centroids[lvl][[p[-1] for p in cand]]
+            d2 = (c**2).sum(1) - 2.0 * c @ q
+            kept = [cand[j] for j in np.argsort(d2, kind="stable")[:b]]
+        kept += [kept[-1]] * (b - len(kept))
+        out[i] = np.array(kept, dtype=np.int64)
+    return out
+
+
+def route_avoiding(tree: Tree, x: np.ndarray, blocked: set[tuple[int, int]]) -> np.ndarray:
+    """Greedy routing that never enters a blocked node: at each level the nearest child that is not
+    blocked (the paper's blocking 'during retrieval'). x (dim,) -> (p,) node per level, -1 from the
+    level where every child is blocked."""
+    q = np.asarray(x, dtype=np.float32).reshape(-1)
+    out = np.full(tree.p, -1, dtype=np.int64)
+    node = 0
+    for lvl in range(tree.p):
+        child = node * tree.k + np.arange(tree.k)
+        c = tree.centroids[lvl][child]
+        d2 = (c**2).sum(1) - 2.0 * c @ q
+        free = [int(child[j]) for j in np.argsort(d2, kind="stable") if (lvl + 1, int(child[j])) not in blocked]
+        if not free:
+            break
+        node = out[lvl] = free[0]
+    return out

@@ -2,7 +2,8 @@
 
 Builds the corpus and probes from the mendeleev package, ingests them into a fresh bank, trains
 memory blocks on the frozen SmolLM2-135M-Instruct anchor, then compares probe accuracy of the
-anchor alone, the generic memory and the fetched memories; then shows provenance (`audit`), one
+anchor alone, the generic memory, fetched memories, RAG, the open-book ceiling, corrupted routes and
+blocked fractions (`memctl eval`, with a Markdown report and plots); then shows provenance (`audit`), one
 document's blocks withheld (`block`, `ask`, `unblock`) and RAG. Everything lives under demo-out/.
 """
 
@@ -81,13 +82,15 @@ def main() -> None:
     step("train", memctl + train_args + objective, env, times)
     extra = ["--limit", a.limit] if a.limit else []
     results = {}
+    full = ["--beam", "2", "--block-fraction", "0,0.0625,0.125,0.25"]
+    full += ["--perplexity", str(ROOT / "examples/elements/heldout.jsonl"), "--report", str(out / "eval-report")]
     for name, probes, setups in (
-        ("evaluate", "probes.jsonl", "anchor,generic,fetched"),
-        ("evaluate rephrased", "probes-rephrased.jsonl", "anchor,fetched"),
+        ("evaluate", "probes.jsonl", full),  # every setup, beam 2, blocked fractions, perplexity, report
+        ("evaluate rephrased", "probes-rephrased.jsonl", ["--setups", "anchor,generic,fetched,rag,oracle-rag"]),
     ):
-        args = ["eval", "--bank", "elements", "--probes", str(out / "data" / probes), "--setups", setups, "--json"]
+        args = ["eval", "--bank", "elements", "--probes", str(out / "data" / probes), *setups, "--json"]
         raw = step(name, memctl + args + extra, env, times, capture=True)
-        results[name] = {r["setup"]: r for r in json.loads(raw)["results"]}
+        results[name] = json.loads(raw)
     # privacy and serving in a few seconds each: provenance, a blocked document, RAG
     question = "The atomic number of Neon is"
     step("audit neon", memctl + ["audit", "--bank", "elements", "--doc", "neon"], env, times)
@@ -107,26 +110,36 @@ def main() -> None:
         times,
     )
     total = time.perf_counter() - t0
-    res, res2 = results["evaluate"], results["evaluate rephrased"]
-    summary = {"results": res, "rephrased": res2, "seconds": times, "total_seconds": total}
+    full_res, reph = results["evaluate"], results["evaluate rephrased"]
+    res = {r["setup"]: r for r in full_res["setups"]}
+    res2 = {r["setup"]: r for r in reph["setups"]}
+    summary = {"evaluate": full_res, "rephrased": reph, "seconds": times, "total_seconds": total}
     (out / "results.json").write_text(json.dumps(summary, indent=2))
 
     def pct(r: dict) -> str:
         return f"{100 * r['accuracy']:.1f}% ({100 * r['ci95'][0]:.1f}–{100 * r['ci95'][1]:.1f})"
 
-    table = Table(title=f"elements probes ({res['anchor']['n']}): accuracy (95% Wilson interval)")
+    n = full_res["n"]
+    table = Table(title=f"elements probes ({n}): accuracy (95% Wilson interval)")
     for col in ("setup", "probes", "atomic_number", "discovery_year", "rephrased probes"):
         table.add_column(col, justify="right")
-    for name in ("anchor", "generic", "fetched"):
-        kinds = res[name]["per_kind"]
+    for name, r in res.items():
+        kinds = r["per_kind"]
         table.add_row(
             name,
-            pct(res[name]),
+            pct(r),
             *(f"{100 * kinds[k]['accuracy']:.1f}%" if k in kinds else "-" for k in ("atomic_number", "discovery_year")),
             pct(res2[name]) if name in res2 else "-",
         )
     console.print(table)
     console.print("rephrased probes: the same facts asked in words that memctl's prompt rules never write")
+    blocked = Table(title="full vs blocked bank (best-matching fraction blocked per probe)")
+    for col in ("blocked fraction", "nodes per level", "accuracy"):
+        blocked.add_column(col, justify="right")
+    for r in full_res["blocking"]["rows"]:
+        blocked.add_row(f"{r['fraction']:g}", ", ".join(map(str, r["nodes_per_level"])), pct(r))
+    console.print(blocked)
+    console.print(f"report with plots: {out / 'eval-report' / 'report.md'}")
     steps = Table(title="time per step")
     steps.add_column("step")
     steps.add_column("seconds", justify="right")

@@ -172,9 +172,9 @@ def forget(
     as_json: JsonOpt = False,
 ) -> None:
     """Remove documents and their influence (exact retraining by default), then prove it."""
-    from ..evaluate import load_probes
     from ..forget import forget as do_forget
     from ..forget import plan_forget
+    from ..probes import load_probes
 
     plan = run(lambda: plan_forget(bank, doc or [], source or [], tag or [], mode))
     ps = run(lambda: load_probes(probes)) if probes else None

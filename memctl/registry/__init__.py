@@ -147,10 +147,12 @@ class Registry:
         return ids, np.stack([np.frombuffer(r["embedding"], dtype=np.float32) for r in rows])
 
     def remove_documents(self, doc_ids: list[str]) -> None:
-        """Delete documents with their windows, embeddings, prompts and provenance rows (one transaction).
-        Their influence on trained blocks is the caller's to remove."""
+        """Delete documents with their windows, embeddings, prompts, provenance rows and the stored
+        answers of unfinished evaluation runs about them (one transaction). Their influence on
+        trained blocks is the caller's to remove."""
         marks = ",".join("?" for _ in doc_ids)
         with self.db.atomic():
+            self.db.execute(f"delete from eval_items where doc in ({marks})", doc_ids)
             self.db.execute(f"delete from prompts where doc_id in ({marks})", doc_ids)
             self.db.execute(f"delete from block_docs where doc_id in ({marks})", doc_ids)
             self.db.execute(f"delete from windows where doc_id in ({marks})", doc_ids)

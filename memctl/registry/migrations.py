@@ -125,7 +125,48 @@ def _m003_privacy(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m001_initial, _m002_prompts, _m003_privacy]
+def _m004_eval_runs(db: sqlite_utils.Database) -> None:
+    """Evaluation runs (their parameters and results, for `eval --history`) and the answers of a run
+    still in progress, so a stopped run resumes where it was."""
+    db["eval_runs"].create(
+        {
+            "id": int,
+            "key": str,  # hash of the parameters, the probe file and the bank's state: what resumes
+            "started": str,
+            "finished": str,
+            "status": str,  # running | done
+            "probes": str,  # the probe file as given
+            "bank_state": str,
+            "params": str,  # JSON
+            "results": str,  # JSON, when done
+            "seconds": float,
+        },
+        pk="id",
+    )
+    db["eval_runs"].create_index(["key"])
+    db["eval_items"].create(
+        {
+            "run_id": int,
+            "item": str,  # setup|probe index|variant
+            "doc": str,  # the probe's document: forgetting it removes the row
+            "answer": str,
+            "correct": int,
+            "nll": float,  # perplexity items
+            "tokens": int,
+            "seconds": float,
+        },
+        pk=("run_id", "item"),
+        foreign_keys=[("run_id", "eval_runs", "id")],
+    )
+    db["eval_items"].create_index(["doc"])
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    _m001_initial,
+    _m002_prompts,
+    _m003_privacy,
+    _m004_eval_runs,
+]
 
 
 def migrate(db: sqlite_utils.Database) -> int:

@@ -1,0 +1,221 @@
+"""`memctl eval`: the comparison table, full vs blocked banks, perplexity, reports and history."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from ..errors import InputError
+from .common import BankOpt, JsonOpt, app, err, human_params, out, run, stage_progress
+
+
+def parse_fractions(text: str | None) -> tuple[float, ...]:
+    if not text:
+        return ()
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise InputError(f"--block-fraction takes comma-separated numbers in [0, 1], got {text!r}") from None
+    return values
+
+
+@app.command("eval")
+def eval_cmd(
+    bank: BankOpt,
+    probes: Annotated[Path | None, typer.Option(help="Probe JSONL: {doc, kind, prompt, answers} per line.")] = None,
+    setups: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated, default all: anchor, generic, fetched, rag, rag+fetched, oracle-rag, "
+            "fetched-corrupted."
+        ),
+    ] = None,
+    beam: Annotated[int, typer.Option(help="Also fetch the N best leaves and their ancestors (N > 1).")] = 1,
+    block_fraction: Annotated[
+        str | None,
+        typer.Option(help="e.g. 0,0.0625,0.125,0.25: block the best-matching fraction of the bank per probe."),
+    ] = None,
+    blocking: Annotated[
+        str, typer.Option(help="reroute (route around blocked nodes, the paper) or withhold (drop them).")
+    ] = "reroute",
+    perplexity: Annotated[
+        Path | None, typer.Option(help="Documents (a file or directory, as ingest reads them): perplexity per setup.")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="Evaluate a reproducible sample of N probes.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the --limit sample.")] = 0,
+    batch_size: Annotated[int, typer.Option(help="Probes per generation batch.")] = 16,
+    report: Annotated[Path | None, typer.Option(help="Write report.md and PNG plots into this directory.")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Start a new run instead of resuming a stopped one.")] = False,
+    history: Annotated[bool, typer.Option("--history", help="Show the bank's past evaluation runs.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Probe accuracy (95% Wilson intervals) of every setup, routing agreement, beam, blocked fractions,
+    perplexity. Runs are stored in the bank: the same command resumes a stopped run."""
+    from ..evaluate import SETUPS, EvalOptions, run_eval
+    from ..probes import load_probes, sample_probes
+    from ..serve import BankSession
+
+    if history:
+        rows = run(lambda: _history(bank))
+        if as_json:
+            out.print_json(json.dumps(rows))
+        else:
+            _print_history(bank, rows)
+        return
+
+    def go() -> dict[str, Any]:
+        if probes is None and perplexity is None:
+            raise InputError("give --probes FILE and/or --perplexity FILE (or --history)")
+        names = tuple(s.strip() for s in setups.split(",") if s.strip()) if setups else SETUPS
+        opts = EvalOptions(names, beam, parse_fractions(block_fraction), blocking, batch_size, setups is not None)
+        opts.check()
+        if perplexity is not None and not perplexity.exists():
+            raise InputError(f"--perplexity {perplexity}: no such file or directory")
+        ps = sample_probes(load_probes(probes), limit, seed) if probes is not None else []
+        params = {"probes": str(probes) if probes else None, "limit": limit, "seed": seed}
+        with BankSession(bank) as session, stage_progress(not as_json) as progress:
+            res = run_eval(session, ps, opts, probes_path=probes, perplexity=perplexity, params=params,
+                           fresh=fresh, progress=progress)  # fmt: skip
+        res["probes"] = str(probes or "")
+        if report is not None:
+            from ..evalreport import write_report
+
+            parts = ["memctl", "eval", "--bank", bank]
+            for flag, value in (("--probes", probes), ("--setups", setups), ("--beam", beam if beam > 1 else None),
+                                ("--block-fraction", block_fraction),
+                                ("--blocking", blocking if blocking != "reroute" else None),
+                                ("--perplexity", perplexity), ("--limit", limit),
+                                ("--seed", seed if limit is not None else None), ("--report", report)):  # fmt: skip
+                if value is not None:
+                    parts += [flag, str(value)]
+            command = " ".join(shlex.quote(a) for a in parts)
+            res["report"] = [str(p) for p in write_report(res, report, command)]
+        return res
+
+    res = run(go)
+    if as_json:
+        out.print_json(json.dumps(res))
+        return
+    _print_results(res)
+
+
+def _history(bank: str) -> list[dict[str, Any]]:
+    from ..evalruns import EvalRuns
+    from ..registry import Registry
+
+    reg = Registry.open(bank)
+    try:
+        return EvalRuns(reg).history()
+    finally:
+        reg.close()
+
+
+def _pct(r: dict[str, Any]) -> str:
+    return f"{100 * r['accuracy']:.1f}%"
+
+
+def _ci(r: dict[str, Any]) -> str:
+    return f"{100 * r['ci95'][0]:.1f}–{100 * r['ci95'][1]:.1f}%"
+
+
+def _print_results(res: dict[str, Any]) -> None:
+    if res["n"]:
+        _print_probes(res)
+    if "perplexity" in res:
+        _print_perplexity(res["perplexity"])
+    for n in res.get("notes", []):
+        err.print(f"[yellow]note:[/yellow] {n}", highlight=False)
+    if res.get("report"):
+        err.print(f"[dim]report: {', '.join(res['report'])}[/dim]", highlight=False)
+
+
+def _print_probes(res: dict[str, Any]) -> None:
+    kinds = sorted({k for r in res["setups"] for k in r["per_kind"]})
+    resumed = f", resumed with {res['resumed_answers']} stored answers" if res.get("resumed") else ""
+    table = Table(title=f"probe accuracy on {res['bank']} ({res['n']} probes; run {res.get('run', '-')}{resumed})")
+    table.add_column("setup")
+    table.add_column("accuracy", justify="right")
+    table.add_column("95% CI", justify="right")
+    for k in kinds:
+        table.add_column(k, justify="right")
+    table.add_column("routed right", justify="right")
+    table.add_column("routed wrong", justify="right")
+    table.add_column("time", justify="right")
+    for r in res["setups"]:
+        cells = [_pct(r["per_kind"][k]) if k in r["per_kind"] else "-" for k in kinds]
+        split = [f"{_pct(x)} ({x['n']})" if x["n"] else "-" for x in (r["routed_right"], r["routed_wrong"])]
+        name = r["setup"] + (" [dim](probe × sibling)[/dim]" if r["setup"] == "fetched-corrupted" else "")
+        table.add_row(name, _pct(r), _ci(r), *cells, *split, f"{r['seconds']:.0f}s")
+    out.print(table)
+    rt = res["routing"]
+    if rt["n"]:
+        share = ", ".join(f"level {lv['level']} {100 * lv['share']:.1f}%" for lv in rt["levels"])
+        out.print(f"routing agreement ({rt['n']} probes with their document in the bank): {share}", highlight=False)
+    if "beam" in res:
+        t = Table(title="beam: the N best leaves and their ancestors")
+        for c in ("beam", "accuracy", "95% CI", "blocks/probe", "params fetched/probe", "s/probe"):
+            t.add_column(c, justify="right")
+        for b in res["beam"]:
+            t.add_row(str(b["beam"]), _pct(b), _ci(b), f"{b['blocks_per_probe']:.2f}",
+                      human_params(b["params_per_probe"]), f"{b['seconds_per_probe']:.3f}")  # fmt: skip
+        out.print(t)
+    if "blocking" in res:
+        blk = res["blocking"]
+        how = "routing goes around them" if blk["mode"] == "reroute" else "they are withheld"
+        t = Table(title=f"full vs blocked bank: the best-matching fraction of the bank blocked per probe ({how})")
+        for c in ("blocked", "nodes per level", "bank share", "accuracy", "95% CI", "change"):
+            t.add_column(c, justify="right")
+        for r in blk["rows"]:
+            t.add_row(
+                "full bank" if r["fraction"] == 0 else f"{r['fraction']:g}",
+                ", ".join(map(str, r["nodes_per_level"])),
+                f"{100 * r['bank_share']:.1f}%",
+                _pct(r),
+                _ci(r),
+                "-" if r["fraction"] == 0 else f"{100 * r['change']:+.1f} pts",
+            )
+        out.print(t)
+
+
+def _print_perplexity(pp: dict[str, Any]) -> None:
+    t = Table(title=f"perplexity on {pp['docs']} documents (memories routed on the whole document)")
+    for c in ("setup", "perplexity", "vs anchor", "tokens"):
+        t.add_column(c, justify="right")
+    for r in pp["rows"]:
+        ratio = r["ratio_to_anchor"]
+        vs = "-" if ratio is None else f"{100 * (ratio - 1):+.1f}%"
+        vs += " [red](over the limit)[/red]" if r["worse_than_limit"] else ""
+        t.add_row(r["setup"], f"{r['perplexity']:.2f}", vs, f"{r['tokens']:,}")
+    out.print(t)
+
+
+def _print_history(bank: str, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        out.print(f"no evaluation runs in bank {bank!r} yet")
+        return
+    names = [s for s in ("anchor", "generic", "fetched", "rag", "rag+fetched", "oracle-rag", "fetched-corrupted")
+             if any(r["results"] and any(x["setup"] == s for x in r["results"]["setups"]) for r in rows)]  # fmt: skip
+    t = Table(title=f"evaluation runs of {bank} (newest first)")
+    for c in ("run", "finished", "probes", "n", *names, "blocked (max)", "status"):
+        t.add_column(c, justify="right")
+    for r in rows:
+        res = r["results"] or {}
+        by = {x["setup"]: x for x in res.get("setups", [])}
+        blk = res.get("blocking", {}).get("rows", [])
+        worst = f"{blk[-1]['fraction']:g}: {_pct(blk[-1])}" if blk else "-"
+        status = r["status"] if r["status"] == "done" else f"stopped ({r['answers_stored']} answers stored)"
+        t.add_row(
+            str(r["id"]),
+            (r["finished"] or r["started"] or "")[:16].replace("T", " "),
+            Path(r["probes"]).name + (f" (limit {r['params'].get('limit')})" if r["params"].get("limit") else ""),
+            str(res.get("n", r["params"].get("n_probes", ""))),
+            *(_pct(by[s]) if s in by else "-" for s in names),
+            worst,
+            status,
+        )
+    out.print(t)
