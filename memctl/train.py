@@ -70,6 +70,9 @@ class TrainResult:
     skipped: list[str] = field(default_factory=list)
     interrupted: bool = False
     prepare: PrepareReport | None = None  # prompts and teacher cache (distill and mix)
+    rank: int = 0  # under torchrun: this process's rank, the number of ranks, the units it trained
+    world: int = 1
+    assigned: list[str] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:
@@ -319,12 +322,54 @@ def train(
     """Train every unit that needs it (or one `subtree`), resuming from checkpoints.
 
     `overrides` are TrainConfig fields given by the user. `max_steps` stops each unit after that
-    many steps with a checkpoint, as an interruption would (used by tests).
+    many steps with a checkpoint, as an interruption would (used by tests). Under torchrun (WORLD_SIZE
+    above 1) the units are shared out across the ranks (memctl.distributed); rank 0 alone writes.
     """
+    from .distributed import World, train_distributed
+
+    world = World.from_env()
+    if world.size > 1:
+        return train_distributed(
+            world, name, overrides, subtree=subtree, retrain=retrain, restart=restart, home=home,
+            progress=progress, max_steps=max_steps,
+        )  # fmt: skip
     home = home or memctl_home()
     reg = Registry.open(name, home)
+    tcfg, todo, done = plan_training(reg, overrides, subtree, retrain, restart)
+    result = TrainResult(bank=name, skipped=done)
+    if not todo:
+        return result
+    anchor = load_bank_anchor(reg, home)
+    torch.manual_seed(tcfg.seed)
+    handle = attach(anchor.model, reg.config.memory.layers)
+    try:
+        result.prepare, split_head = prepare_training(reg, anchor, tcfg, todo, progress)
+        with sigint_flag() as flag:
+            for i, unit in enumerate(todo):
+                run_id = start_run(reg, unit, tcfg)
+                tu = train_unit(reg, anchor, handle, unit, tcfg, i, len(todo), progress, flag, max_steps, split_head)
+                if tu is None:
+                    stop_run(reg, run_id)
+                    result.interrupted = True
+                    if flag["stop"]:
+                        raise TrainingInterrupted(INTERRUPTED)
+                    continue
+                result.units.append(commit_unit(reg, tu, run_id))
+    finally:
+        handle.detach()
+    return result
+
+
+INTERRUPTED = "training interrupted; checkpoint saved, run `memctl train` to resume"
+
+
+def plan_training(
+    reg: Registry, overrides: dict[str, Any] | None, subtree: int | None, retrain: bool, restart: bool
+) -> tuple[TrainConfig, list[str], list[str]]:
+    """Check the request and the bank; (configuration, units to train, units already trained).
+    `restart` drops pending checkpoints."""
     if reg.count("windows") == 0:
-        raise BankStateError(f"bank {name!r} has no documents; ingest some first")
+        raise BankStateError(f"bank {reg.name!r} has no documents; ingest some first")
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     unknown = set(overrides) - {f.name for f in dataclasses.fields(TrainConfig)}
     if unknown:
@@ -334,59 +379,56 @@ def train(
             p.unlink()
     tcfg = _resolve_config(reg, overrides)
     todo, done = units_to_train(reg, subtree, retrain)
-    result = TrainResult(bank=name, skipped=done)
-    if not todo:
-        return result
+    return tcfg, todo, done
+
+
+def load_bank_anchor(reg: Registry, home: Path) -> Anchor:
+    """The bank's anchor, refused when its file is not the one the bank was built on."""
     anchor = load_anchor(reg.config.anchor, home)
     if anchor.digest != reg.bank["anchor_sha256"]:
-        raise BankStateError(f"the anchor at {anchor.path} is not the one bank {name!r} was built on (sha256 differs)")
-    torch.manual_seed(tcfg.seed)
-    handle = attach(anchor.model, reg.config.memory.layers)
-    try:
-        stage = _stage_progress(progress, len(todo))
-        if tcfg.objective == "lm":  # prompts only to score held-out accuracy while training
-            generate_prompts(reg, stage)
-        else:
-            result.prepare = prepare(reg, anchor, stage)
-        split_head = head_split_ok(reg, anchor, todo, tcfg.objective)
-        _keep_freed_memory()
-        with sigint_flag() as flag:
-            for i, unit in enumerate(todo):
-                run_id = (
-                    reg.db["runs"]
-                    .insert(
-                        {"started": now(), "status": "running", "unit": unit, "config": dumps(dataclasses.asdict(tcfg))}
-                    )
-                    .last_pk
-                )
-                tu = train_unit(reg, anchor, handle, unit, tcfg, i, len(todo), progress, flag, max_steps, split_head)
-                if tu is None:
-                    reg.db["runs"].update(run_id, {"status": "interrupted", "finished": now()})
-                    result.interrupted = True
-                    if flag["stop"]:
-                        raise TrainingInterrupted(
-                            "training interrupted; checkpoint saved, run `memctl train` to resume"
-                        )
-                    continue
-                _finish_unit(reg, tu)
-                (reg.checkpoint_dir() / f"unit-{unit}.pt").unlink(missing_ok=True)
-                res = tu.result
-                reg.db["runs"].update(
-                    run_id,
-                    {
-                        "status": "done",
-                        "finished": now(),
-                        "steps": res.steps,
-                        "tokens": res.tokens,
-                        "loss_first": res.loss_first,
-                        "loss_last": res.loss_last,
-                        "seconds": res.seconds,
-                    },
-                )
-                result.units.append(res)
-    finally:
-        handle.detach()
-    return result
+        raise BankStateError(
+            f"the anchor at {anchor.path} is not the one bank {reg.name!r} was built on (sha256 differs)"
+        )
+    return anchor
+
+
+def prepare_training(
+    reg: Registry, anchor: Anchor, tcfg: TrainConfig, todo: list[str], progress: Callable[[TrainEvent], None] | None
+) -> tuple[PrepareReport | None, bool]:
+    """Prompts (and the teacher cache, for distill and mix) in the registry; whether the vocabulary
+    head may run on labelled positions only."""
+    stage = _stage_progress(progress, len(todo))
+    report = None
+    if tcfg.objective == "lm":  # prompts only to score held-out accuracy while training
+        generate_prompts(reg, stage)
+    else:
+        report = prepare(reg, anchor, stage)
+    split_head = head_split_ok(reg, anchor, todo, tcfg.objective)
+    _keep_freed_memory()
+    return report, split_head
+
+
+def start_run(reg: Registry, unit: str, tcfg: TrainConfig) -> int:
+    row = {"started": now(), "status": "running", "unit": unit, "config": dumps(dataclasses.asdict(tcfg))}
+    return int(reg.db["runs"].insert(row).last_pk)
+
+
+def stop_run(reg: Registry, run_id: int) -> None:
+    reg.db["runs"].update(run_id, {"status": "interrupted", "finished": now()})
+
+
+def run_row(res: UnitResult) -> dict[str, Any]:
+    """The `runs` columns of a finished unit."""
+    stats = {k: getattr(res, k) for k in ("steps", "tokens", "loss_first", "loss_last", "seconds")}
+    return {"status": "done", "finished": now(), **stats}
+
+
+def commit_unit(reg: Registry, tu: TrainedUnit, run_id: int) -> UnitResult:
+    """Write a trained unit's blocks and commit them (one transaction), drop its checkpoint, close its run."""
+    _finish_unit(reg, tu)
+    (reg.checkpoint_dir() / f"unit-{tu.unit.name}.pt").unlink(missing_ok=True)
+    reg.db["runs"].update(run_id, run_row(tu.result))
+    return tu.result
 
 
 def head_split_ok(reg: Registry, anchor: Anchor, units: list[str], objective: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -113,11 +114,21 @@ def train(
     subtree: Annotated[int | None, typer.Option(help="Train only this level-1 subtree (an isolated unit).")] = None,
     retrain: Annotated[bool, typer.Option(help="Retrain units that are already trained.")] = False,
     restart: Annotated[bool, typer.Option(help="Drop interrupted checkpoints and start over.")] = False,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Train one unit (--subtree or --generic) into this directory, not the bank; see `merge`."
+        ),
+    ] = None,
+    generic: Annotated[bool, typer.Option(help="With --out: train the generic memory.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Train memory blocks on the frozen anchor; resumes an interrupted run."""
+    """Train memory blocks on the frozen anchor; resumes an interrupted run. Under torchrun, units are
+    shared out across the ranks and rank 0 records them."""
+    from ..distributed import World
     from ..train import TrainEvent
     from ..train import train as do_train
+    from .scale import train_out_command, worker_summary
 
     overrides = {
         "epochs": epochs,
@@ -127,9 +138,13 @@ def train(
         "objective": objective,
         "patience": patience,
     }
+    if out_dir is not None or generic:
+        train_out_command(bank, out_dir, overrides, subtree, generic, restart, as_json)
+        return
+    world = run(World.from_env)
 
     def go() -> Any:
-        if as_json or not err.is_terminal:
+        if as_json or not err.is_terminal or world.size > 1:
             last = [0.0]
 
             def log(ev: TrainEvent) -> None:
@@ -140,7 +155,8 @@ def train(
                         return
                     held = f" held-out {100 * ev.heldout:.0f}%" if ev.heldout is not None else ""
                     err.print(
-                        f"unit {ev.unit} ({ev.unit_no + 1}/{ev.n_units}) step {ev.step}/{ev.total_steps} "
+                        (f"rank {world.rank}: " if world.size > 1 else "")
+                        + f"unit {ev.unit} ({ev.unit_no + 1}/{ev.n_units}) step {ev.step}/{ev.total_steps} "
                         f"loss {ev.loss:.3f}{held} {ev.tokens_per_s:.0f} tok/s",
                         highlight=False,
                     )
@@ -179,6 +195,8 @@ def train(
             return do_train(bank, overrides, subtree=subtree, retrain=retrain, restart=restart, progress=update)
 
     res = run(go)
+    if worker_summary(res, as_json):
+        return
     if as_json:
         out.print_json(
             json.dumps(

@@ -1,0 +1,103 @@
+"""Commands and output for scaling out: one unit trained into a directory, `merge`, torchrun ranks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from .common import BankOpt, JsonOpt, app, err, out, run
+
+if TYPE_CHECKING:
+    from ..train import TrainResult
+
+
+def train_out_command(
+    bank: str,
+    out_dir: Path | None,
+    overrides: dict[str, Any],
+    subtree: int | None,
+    generic: bool,
+    restart: bool,
+    as_json: bool,
+) -> None:
+    """`memctl train --subtree I --out DIR` (or `--generic --out DIR`): one unit, the bank untouched."""
+    from ..distributed import World
+    from ..errors import InputError
+    from ..merge import train_out
+    from ..train import TrainEvent
+
+    def go() -> Any:
+        if out_dir is None:
+            raise InputError("--generic trains the generic memory into a directory: give --out DIR")
+        if World.from_env().size > 1:
+            raise InputError("--out trains one unit in one process; run it without torchrun")
+
+        last = [0.0]
+
+        def log(ev: TrainEvent) -> None:
+            if as_json or not (ev.step == ev.total_steps or time.monotonic() - last[0] > 10):
+                return
+            last[0] = time.monotonic()
+            loss = "" if ev.unit_no < 0 else f" loss {ev.loss:.3f}"  # a preparation stage has none
+            err.print(f"{ev.unit} {ev.step}/{ev.total_steps}{loss}", highlight=False)
+
+        return train_out(
+            bank, out_dir, overrides, subtree=subtree, generic=generic, restart=restart, progress=log
+        )  # fmt: skip
+
+    res = run(go)
+    if as_json:
+        d = dataclasses.asdict(res)
+        out.print_json(json.dumps({k: v for k, v in d.items() if k != "prepare"}))
+        return
+    if res.result is None:
+        out.print(f"unit {res.unit} stopped before the end; rerun the same command to resume")
+        return
+    u = res.result
+    out.print(
+        f"unit {res.unit} of {res.bank}: {u.steps} steps, {u.tokens:,} tokens, loss {u.loss_first:.3f} → "
+        f"{u.loss_last:.3f}; {res.blocks} block(s) and manifest.json in {res.out} "
+        f"(`memctl merge --bank {res.bank} DIR...` records them)"
+    )
+
+
+def worker_summary(res: TrainResult, as_json: bool) -> bool:
+    """Under torchrun: one line for a rank above 0 (True: nothing more to print), and for any idle rank."""
+    if res.world <= 1:
+        return False
+    if not res.assigned:
+        err.print(
+            f"rank {res.rank}/{res.world}: idle, no unit left for this rank "
+            "(data-parallel training inside a unit is not implemented)",
+            highlight=False,
+        )
+    if res.rank == 0:
+        return False
+    if as_json:
+        out.print_json(json.dumps({"rank": res.rank, "trained": [u.unit for u in res.units]}))
+    elif res.units:
+        names = ", ".join(u.unit for u in res.units)
+        err.print(f"rank {res.rank}/{res.world}: trained unit(s) {names}; rank 0 recorded them", highlight=False)
+    return True
+
+
+@app.command()
+def merge(
+    dirs: Annotated[list[Path], typer.Argument(help="Directories written by `memctl train --subtree I --out DIR`.")],
+    bank: BankOpt,
+    as_json: JsonOpt = False,
+) -> None:
+    """Record units trained elsewhere (`train --out`) into the bank: all of them in one transaction, after
+    checking anchor, tree, configuration, data and block checksums; nothing is recorded on any mismatch."""
+    from ..merge import merge as do_merge
+
+    res = run(lambda: do_merge(bank, dirs))
+    if as_json:
+        out.print_json(json.dumps(dataclasses.asdict(res)))
+        return
+    out.print(f"merged {len(res.units)} unit(s) ({', '.join(res.units)}), {res.blocks} block(s) into {res.bank}")

@@ -1,0 +1,310 @@
+"""Training under torchrun (or `accelerate launch`): level-1 units shared out across ranks.
+
+Units share nothing (own data order, RNG, optimizer, clipping), so a rank trains its units exactly as a
+single process would. Unit i of the sorted to-do list goes to rank i % WORLD_SIZE. Rank 0 alone
+writes the registry: it checks the request, prepares prompts and the teacher cache, tells every rank
+the configuration and the to-do list, trains its own units, and commits the units the other ranks send
+it (their trained tensors, over torch.distributed) one transaction per unit, as `memctl train` does.
+Checkpoints stay per unit, written by the rank that trains it. Data-parallel training inside one unit
+is not implemented: ranks beyond the number of units idle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import errors
+from .anchor import attach
+from .config import TrainConfig, train_config_from_json
+from .errors import InputError, MemctlError
+from .registry import Registry, dumps, memctl_home
+from .train import (
+    INTERRUPTED,
+    TrainedUnit,
+    TrainEvent,
+    TrainingInterrupted,
+    TrainResult,
+    _keep_freed_memory,
+    commit_unit,
+    load_bank_anchor,
+    plan_training,
+    prepare_training,
+    sigint_flag,
+    start_run,
+    stop_run,
+    train_unit,
+)
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in a torchrun job; size 1 outside one."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @staticmethod
+    def from_env() -> World:
+        def read(var: str, default: int) -> int:
+            value = os.environ.get(var, "").strip()
+            if not value:
+                return default
+            try:
+                return int(value)
+            except ValueError:
+                raise InputError(f"{var}={value!r} is not an integer (set by torchrun or accelerate)") from None
+
+        size = read("WORLD_SIZE", 1)
+        rank = read("RANK", 0) if size > 1 else 0
+        if size < 1 or not 0 <= rank < size:
+            raise InputError(f"RANK={rank} and WORLD_SIZE={size} do not describe a rank of a job")
+        return World(rank, size, read("LOCAL_RANK", 0) if size > 1 else 0)
+
+
+def share(units: list[str], size: int) -> list[list[str]]:
+    """Round-robin: unit i of the list goes to rank i % size."""
+    return [units[r::size] for r in range(size)]
+
+
+def backend(world: World) -> str:
+    """gloo for CPU tensors (what memctl trains and sends), with nccl for CUDA tensors when this rank
+    has a GPU of its own."""
+    gpu = torch.cuda.is_available() and world.local_rank < torch.cuda.device_count() and dist.is_nccl_available()
+    return "cpu:gloo,cuda:nccl" if gpu else "gloo"
+
+
+@contextmanager
+def process_group(world: World) -> Iterator[None]:
+    """Join the job's process group (env:// rendezvous from torchrun), unless already in one."""
+    if dist.is_initialized():
+        yield
+        return
+    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+    if missing:
+        raise InputError(
+            f"WORLD_SIZE={world.size} but {' and '.join(missing)} unset: launch with `torchrun --nproc-per-node N`"
+        )
+    name = backend(world)
+    if "nccl" in name:
+        torch.cuda.set_device(world.local_rank)
+    dist.init_process_group(name, rank=world.rank, world_size=world.size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _tags(unit_no: int) -> tuple[int, int]:
+    return 2 * unit_no, 2 * unit_no + 1  # (size, bytes) of the message about unit `unit_no`
+
+
+def send_message(msg: Any, unit_no: int, dst: int = 0) -> list[Any]:
+    """Start sending a picklable message (tensors included, bit for bit) without waiting for the
+    receiver; returns what to keep alive and `.wait()` on."""
+    buf = io.BytesIO()
+    torch.save(msg, buf)
+    data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+    size = torch.tensor([data.numel()], dtype=torch.int64)
+    t_size, t_data = _tags(unit_no)
+    return [dist.isend(size, dst, tag=t_size), dist.isend(data, dst, tag=t_data), size, data]
+
+
+def recv_message(src: int, unit_no: int) -> Any:
+    t_size, t_data = _tags(unit_no)
+    size = torch.zeros(1, dtype=torch.int64)
+    dist.recv(size, src, tag=t_size)
+    data = torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.recv(data, src, tag=t_data)
+    return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)  # from a rank of our own job
+
+
+@dataclass
+class _Plan:
+    tcfg: str  # TrainConfig as JSON
+    todo: list[str]
+    done: list[str]
+    split_head: bool = False
+    error: tuple[str, str] | None = None  # (MemctlError subclass name, message) raised on rank 0
+
+
+def _raise(error: tuple[str, str]) -> None:
+    cls = getattr(errors, error[0], None)
+    if not (isinstance(cls, type) and issubclass(cls, MemctlError)):
+        cls = MemctlError
+    raise cls(error[1])
+
+
+def train_distributed(
+    world: World,
+    name: str,
+    overrides: dict[str, Any] | None = None,
+    *,
+    subtree: int | None = None,
+    retrain: bool = False,
+    restart: bool = False,
+    home: Path | None = None,
+    progress: Callable[[TrainEvent], None] | None = None,
+    max_steps: int | None = None,
+) -> TrainResult:
+    """`memctl train` on one rank of a torchrun job (see the module docstring)."""
+    home = home or memctl_home()
+    with process_group(world):
+        reg, anchor, handle, result = None, None, None, TrainResult(bank=name, rank=world.rank, world=world.size)
+        plan = _Plan("", [], [])
+        try:
+            if world.rank == 0:  # checks, configuration, preparation: everything that writes
+                try:
+                    reg = Registry.open(name, home)
+                    tcfg, todo, done = plan_training(reg, overrides, subtree, retrain, restart)
+                    plan = _Plan(dumps(dataclasses.asdict(tcfg)), todo, done)
+                    if todo:
+                        anchor = load_bank_anchor(reg, home)
+                        torch.manual_seed(tcfg.seed)
+                        handle = attach(anchor.model, reg.config.memory.layers)
+                        result.prepare, plan.split_head = prepare_training(reg, anchor, tcfg, todo, progress)
+                except MemctlError as e:
+                    plan.error = (type(e).__name__, str(e))
+                except Exception as e:  # a bug: the other ranks must not wait forever
+                    plan.error = ("MemctlError", f"rank 0 failed: {type(e).__name__}: {e}")
+                    _broadcast(plan)
+                    raise
+            plan = _broadcast(plan)
+            if plan.error:
+                _raise(plan.error)
+            result.skipped = plan.done
+            tcfg = train_config_from_json(plan.tcfg)
+            result.assigned = share(plan.todo, world.size)[world.rank]
+            if not plan.todo:
+                return result
+            with sigint_flag() as flag:
+                if world.rank == 0:
+                    assert reg is not None
+                    _train_main(reg, anchor, handle, tcfg, plan, world, result, flag, progress, max_steps)
+                elif result.assigned:
+                    _train_worker(name, home, tcfg, plan, result, flag, progress, max_steps)
+            if result.interrupted and flag["stop"]:
+                raise TrainingInterrupted(INTERRUPTED)
+            return result
+        finally:
+            if handle is not None:
+                handle.detach()
+            if reg is not None:
+                reg.close()
+
+
+def _broadcast(plan: _Plan) -> _Plan:
+    box: list[Any] = [plan]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _train_worker(
+    name: str,
+    home: Path,
+    tcfg: TrainConfig,
+    plan: _Plan,
+    result: TrainResult,
+    flag: dict[str, bool],
+    progress: Callable[[TrainEvent], None] | None,
+    max_steps: int | None,
+) -> None:
+    """A rank above 0: train its units (reading the registry, never writing it) and send each to rank 0:
+    ("done", TrainedUnit), ("stopped", None), ("error", (class, message)), or ("skipped", None) for the
+    units after a stop or an error. Rank 0 receives exactly one message per unit, whatever happens."""
+    pending: list[Any] = []
+    stop: tuple[str, Any] | None = None
+    reg, handle = None, None
+    try:
+        for unit in result.assigned:
+            no = plan.todo.index(unit)
+            if stop is not None:
+                pending += send_message(("skipped", None), no)
+                continue
+            try:
+                if reg is None:
+                    reg = Registry.open(name, home)
+                    anchor = load_bank_anchor(reg, home)
+                    torch.manual_seed(tcfg.seed)
+                    handle = attach(anchor.model, reg.config.memory.layers)
+                    _keep_freed_memory()
+                tu = train_unit(
+                    reg, anchor, handle, unit, tcfg, no, len(plan.todo), progress, flag, max_steps, plan.split_head
+                )
+            except MemctlError as e:
+                stop = ("error", (type(e).__name__, str(e)))
+            except Exception as e:
+                stop = ("error", ("MemctlError", f"{type(e).__name__}: {e}"))
+            if stop is not None:
+                pending += send_message(stop, no)
+                continue
+            if tu is None:
+                result.interrupted = True
+                pending += send_message(("stopped", None), no)
+                if flag["stop"]:
+                    stop = ("stopped", None)
+                continue
+            pending += send_message(("done", tu), no)
+            result.units.append(tu.result)
+    finally:
+        for w in pending:
+            if isinstance(w, dist.Work):
+                w.wait()
+        if handle is not None:
+            handle.detach()
+        if reg is not None:
+            reg.close()
+    if stop is not None and stop[0] == "error":
+        _raise(stop[1])
+
+
+def _train_main(
+    reg: Registry,
+    anchor: Any,
+    handle: Any,
+    tcfg: TrainConfig,
+    plan: _Plan,
+    world: World,
+    result: TrainResult,
+    flag: dict[str, bool],
+    progress: Callable[[TrainEvent], None] | None,
+    max_steps: int | None,
+) -> None:
+    """Rank 0: train its own units, then commit those of every other rank, one transaction each."""
+    n = len(plan.todo)
+    for unit in result.assigned:
+        if flag["stop"]:
+            break
+        no = plan.todo.index(unit)
+        run_id = start_run(reg, unit, tcfg)
+        tu = train_unit(reg, anchor, handle, unit, tcfg, no, n, progress, flag, max_steps, plan.split_head)
+        if tu is None:
+            stop_run(reg, run_id)
+            result.interrupted = True
+            continue
+        result.units.append(commit_unit(reg, tu, run_id))
+    failure: tuple[str, str] | None = None
+    for rank, units in enumerate(share(plan.todo, world.size)):
+        for unit in units if rank > 0 else []:
+            kind, body = recv_message(rank, plan.todo.index(unit))
+            if kind == "done":
+                tu: TrainedUnit = body
+                result.units.append(commit_unit(reg, tu, start_run(reg, unit, tcfg)))
+            elif kind == "stopped":
+                stop_run(reg, start_run(reg, unit, tcfg))
+                result.interrupted = True
+            elif kind == "error" and failure is None:
+                failure = (body[0], f"rank {rank}, unit {unit}: {body[1]}")
+    result.units.sort(key=lambda u: plan.todo.index(u.unit))
+    if failure:
+        _raise(failure)

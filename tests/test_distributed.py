@@ -1,0 +1,212 @@
+"""Scaling out: units shared across torchrun ranks, and units trained as separate jobs then merged,
+both bit-identical to one `memctl train` process; merge refuses what does not fit the bank."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tree_digest
+from typer.testing import CliRunner
+
+from memctl.bank import ingest
+from memctl.cli import app
+from memctl.distributed import World, share
+from memctl.errors import BankStateError, InputError
+from memctl.merge import merge, train_out
+from memctl.registry import Registry
+from memctl.train import train
+
+CFG = {"epochs": 2, "batch_size": 2, "objective": "mix"}  # windows and prompts both train
+FLAGS = ["--epochs", "2", "--batch-size", "2", "--objective", "mix"]
+
+
+def _blocks(reg: Registry) -> dict[str, dict[str, torch.Tensor]]:
+    return {r["id"]: reg.read_block(r) for r in reg.blocks("file is not null")}
+
+
+def _provenance(reg: Registry) -> list[tuple]:
+    rows = reg.db.execute(
+        "select b.id, b.state, b.trained_tokens, d.doc_id, d.tokens from blocks b "
+        "left join block_docs d on d.block_id = b.id order by b.id, d.doc_id"
+    )
+    return [tuple(r) for r in rows]
+
+
+def _assert_same_training(got: Registry, want: Registry) -> None:
+    g, w = _blocks(got), _blocks(want)
+    assert set(g) == set(w) and len(w) >= 4 and "generic" in w
+    for bid in w:
+        for part in ("gate", "up", "down"):
+            assert torch.equal(g[bid][part], w[bid][part]), (bid, part)
+    assert _provenance(got) == _provenance(want)
+
+
+@pytest.fixture()
+def banks(home: Path, corpus: Path, tiny_anchor: Path) -> tuple[Registry, Path]:
+    """A bank 'ref' trained by one process, and 'new': the same bank (same tree, seeds), untrained."""
+    ingest("ref", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    shutil.copytree(home / "banks" / "ref", home / "banks" / "new")
+    train("ref", CFG, home=home)
+    return Registry.open("ref", home), home / "banks" / "new"
+
+
+def test_world_from_env_and_round_robin(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert World.from_env() == World(0, 1, 0)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    assert World.from_env().size == 1
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    assert World.from_env() == World(2, 3, 2)
+    monkeypatch.setenv("RANK", "3")
+    with pytest.raises(InputError):
+        World.from_env()
+    assert share(["0", "1", "3", "generic"], 2) == [["0", "3"], ["1", "generic"]]
+    assert share(["0", "generic"], 3) == [["0"], ["generic"], []]
+
+
+def test_torchrun_two_ranks_equal_one_process(banks: tuple[Registry, Path], home: Path) -> None:
+    ref, _ = banks
+    env = {**os.environ, "MEMCTL_HOME": str(home), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    proc = subprocess.run(
+        [*cmd, "-m", "memctl", "train", "--bank", "new", *FLAGS],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 1/2: trained unit(s) 1; rank 0 recorded them" in proc.stderr
+    new = Registry.open("new", home)
+    _assert_same_training(new, ref)
+    runs = {r["unit"]: r["status"] for r in new.db.query("select unit, status from runs")}
+    assert runs == {"0": "done", "1": "done", "generic": "done"}  # rank 0 recorded rank 1's unit too
+    assert not list((new.path / "checkpoints").glob("unit-*.pt"))
+    assert set((new.path / "blocks").iterdir()) == {new.path / r["file"] for r in new.blocks("file is not null")}
+
+
+def test_units_trained_apart_then_merged_equal_one_process(
+    banks: tuple[Registry, Path], home: Path, tmp_path: Path
+) -> None:
+    ref, new_path = banks
+    before = tree_digest(new_path)
+    dirs = [tmp_path / "u0", tmp_path / "u1", tmp_path / "ug"]
+    cut = train_out("new", dirs[0], CFG, subtree=0, home=home, max_steps=2)  # stopped: resumes below
+    assert cut.result is None and list((dirs[0] / "work" / "checkpoints").glob("unit-0.pt"))
+    r0 = train_out("new", dirs[0], home=home, subtree=0)
+    assert r0.result is not None and r0.result.resumed_from == 2
+    r1 = train_out("new", dirs[1], CFG, subtree=1, home=home)
+    cli = CliRunner().invoke(app, ["train", "--bank", "new", "--generic", "--out", str(dirs[2]), *FLAGS])
+    assert cli.exit_code == 0, cli.output
+    assert r1.result and r0.blocks >= 2 and r1.blocks >= 2
+    assert tree_digest(new_path) == before  # the bank is only read
+    for d in dirs:  # blocks and the manifest; the registry snapshot is gone
+        assert [p.name for p in d.iterdir() if p.suffix != ".safetensors"] == ["manifest.json"]
+
+    def refused(args: list[Path], error: type[Exception], words: str) -> None:
+        with pytest.raises(error, match=words):
+            merge("new", args, home=home)
+        assert tree_digest(new_path) == before
+
+    for key, value, words in (
+        ("anchor_sha256", "0" * 64, "another anchor"),
+        ("tree_sha256", "0" * 64, "another tree"),
+        ("bank_config", {"window": 7}, "another bank configuration"),
+        ("data_sha256", "0" * 64, "changed since"),
+    ):
+        bad = tmp_path / f"bad-{key}"
+        shutil.copytree(dirs[0], bad)
+        m = json.loads((bad / "manifest.json").read_text())
+        m[key] = value
+        (bad / "manifest.json").write_text(json.dumps(m))
+        refused([dirs[1], bad], BankStateError, words)
+    tampered = tmp_path / "tampered"
+    shutil.copytree(dirs[1], tampered)
+    block = sorted(tampered.glob("*.safetensors"))[0]
+    data = bytearray(block.read_bytes())
+    data[-1] ^= 1
+    block.write_bytes(bytes(data))
+    refused([dirs[0], tampered], InputError, "checksum")
+    duplicate = shutil.copytree(dirs[0], tmp_path / "u0-again")
+    refused([dirs[0], dirs[1], duplicate], InputError, "both hold unit 0")
+    refused([tmp_path], InputError, "no manifest.json")
+    res = CliRunner().invoke(app, ["merge", "--bank", "new", str(dirs[0]), str(tampered)])
+    assert res.exit_code != 0 and "checksum" in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1 and tree_digest(new_path) == before
+
+    done = merge("new", dirs, home=home)
+    assert sorted(done.units) == ["0", "1", "generic"]
+    new = Registry.open("new", home)
+    _assert_same_training(new, ref)
+    runs = [r["unit"] for r in new.db.query("select unit from runs where status = 'done'")]
+    assert sorted(runs) == ["0", "1", "generic"]
+    assert train("new", home=home).units == []  # every unit counts as trained
+
+
+def test_train_out_refuses_bad_requests(home: Path, corpus: Path, tiny_anchor: Path, tmp_path: Path) -> None:
+    ingest("b", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    before = tree_digest(home / "banks" / "b")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "x.txt").write_text("x")
+    for kw, words in (
+        ({"subtree": 5}, r"--subtree must be in 0\.\.1"),
+        ({}, "give --subtree I or --generic"),
+        ({"subtree": 0, "generic": True}, "not both"),
+    ):
+        with pytest.raises(InputError, match=words):
+            train_out("b", tmp_path / "o", CFG, home=home, **kw)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="not an empty directory"):
+        train_out("b", full, CFG, subtree=0, home=home)
+    with pytest.raises(InputError, match="inside the bank"):
+        train_out("b", home / "banks" / "b" / "out", CFG, subtree=0, home=home)
+    res = CliRunner().invoke(app, ["train", "--bank", "b", "--generic"])
+    assert res.exit_code != 0 and "give --out DIR" in res.output
+    assert tree_digest(home / "banks" / "b") == before
+
+
+FAILING_RANK = """
+import os, sys
+import memctl.distributed
+from memctl.cli import app
+from memctl.errors import InputError
+
+def fail(*args, **kwargs):
+    raise InputError("unit failed on purpose")
+
+if os.environ["RANK"] == "1":
+    memctl.distributed.train_unit = fail
+sys.exit(app())
+"""
+
+
+def test_an_error_on_a_rank_is_reported_by_rank_0(home: Path, corpus: Path, tiny_anchor: Path, tmp_path: Path) -> None:
+    ingest("b", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    script = tmp_path / "failing_rank.py"
+    script.write_text(FAILING_RANK)
+    env = {**os.environ, "MEMCTL_HOME": str(home), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    proc = subprocess.run(
+        [*cmd, "train", "--bank", "b", "--epochs", "1", "--objective", "lm"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0
+    assert "error: rank 1, unit 1: unit failed on purpose" in proc.stderr  # rank 0's one line
+    reg = Registry.open("b", home)
+    runs = {r["unit"]: r["status"] for r in reg.db.query("select unit, status from runs")}
+    assert runs == {"0": "done", "generic": "done"}  # rank 0 recorded what did finish
+    assert reg.block(1, 1)["state"] == "init" and reg.block(0, 0)["state"] == "trained"
