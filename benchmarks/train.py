@@ -1,0 +1,535 @@
+"""Training speed of memctl against PEFT LoRA on the same anchor, tokens and batches (issue #7).
+
+On the elements example and the real anchor, in one process:
+
+* compare: memctl trains every level-1 unit with `memctl.train.train_unit` (objective `lm`: LoRA has
+  no distillation path, so both learn next-token on the same windows); LoRA (PEFT, on gate/up/down
+  of every layer) trains on exactly the same batches, in the same order within each unit, with as
+  many trainable parameters as the memory fetched per step. Both are then scored on the same probes
+  (8 greedy tokens, memctl.probes.is_correct).
+* levers: the measured share of each of memctl's shortcuts in the speed-up, added one at a time to a
+  naive scheme (full-depth memories, anchor gradients and AdamW state, batches mixing clusters).
+* ceiling: FLOP per token from the anchor's shapes against the matmul GFLOP/s measured here.
+* growth: step time on the bank and on a bank with ~10x the blocks (more leaves, same ranks).
+
+    python benchmarks/train.py [--epochs 6] [--out demo-out/train/train.json]
+    python benchmarks/train.py --quick      # a few documents and steps: a smoke run of every part
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from memctl.anchor import Anchor, attach, decoder_layers, load_anchor
+from memctl.bank import ingest
+from memctl.batches import Sample, batch_loss, build_prefix_cache, collate, epoch_batches, lm_loss, load_samples
+from memctl.config import TrainConfig
+from memctl.memory import PARTS
+from memctl.optim import BlockAdamW, clip_grad_norm, lr_at
+from memctl.prefix import head_split_matches
+from memctl.probes import PROBE_TOKENS, Probe, is_correct, load_probes, sample_probes, wilson
+from memctl.registry import Registry
+from memctl.serve import BankSession, greedy
+from memctl.train import TrainEvent, _keep_freed_memory, record_unit, train_unit, write_unit
+from memctl.units import GENERIC, Unit, UnitParams, unit_of, units_to_train
+
+ROOT = Path(__file__).resolve().parents[1]
+console = Console()
+if not console.is_terminal:  # logs and pipes: wide enough for the tables
+    console.width = 160
+FFN = ("gate_proj", "up_proj", "down_proj")
+Key = tuple[str, int]  # (unit, index of the batch in the unit's own sequence)
+
+
+@dataclass
+class Timed:
+    tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.tokens, self.seconds, self.steps = self.tokens + tokens, self.seconds + seconds, self.steps + 1
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else float("nan")
+
+    def to_dict(self) -> dict[str, float]:
+        ms = 1000 * self.seconds / max(1, self.steps)
+        return {"tokens": self.tokens, "seconds": self.seconds, "steps": self.steps, "tok_s": self.tok_s, "ms_step": ms}
+
+
+# ---- data, banks, batches ---------------------------------------------------------------------------
+def build_data(work: Path, n_docs: int | None, n_probes: int | None) -> tuple[Path, list[Probe]]:
+    data = work / "data"
+    build = [sys.executable, str(ROOT / "examples/elements/build.py"), "--out", str(data)]
+    subprocess.run(build, check=True, stdout=subprocess.DEVNULL)
+    docs = [json.loads(line) for line in (data / "elements.jsonl").read_text().splitlines()]
+    if n_docs and n_docs < len(docs):  # spread over the table, not the first n
+        docs = [docs[i * len(docs) // n_docs] for i in range(n_docs)]
+    corpus = data / "bench.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    ids = {str(d["id"]) for d in docs}
+    probes = [p for p in load_probes(data / "probes.jsonl") if p.doc in ids]
+    return corpus, sample_probes(probes, n_probes, seed=0)
+
+
+def make_bank(name: str, corpus: Path, home: Path, tree: tuple[int, int], ranks: tuple[int, ...] | None,
+              layers: str) -> Registry:  # fmt: skip
+    shutil.rmtree(Registry.bank_dir(name, home), ignore_errors=True)
+    ingest(name, [corpus], id_field="id", tree=tree, ranks=ranks, memory_layers=layers, home=home)
+    return Registry.open(name, home)
+
+
+def bank_units(reg: Registry) -> list[str]:
+    """Level-1 units with data (the generic memory is not fetched by routing: left out)."""
+    return [u for u in units_to_train(reg, None, True)[0] if u != GENERIC]
+
+
+def unit_stream(reg: Registry, anchor: Anchor, tcfg: TrainConfig) -> list[tuple[Key, list[Sample]]]:
+    """Every unit's batches as train_unit orders them, units interleaved epoch by epoch (units are
+    independent for memctl; a single LoRA adapter would forget early units if they came one by one)."""
+    per: dict[str, list[list[list[Sample]]]] = {}
+    for u in bank_units(reg):
+        samples = load_samples(reg, anchor, u, "lm")
+        per[u] = [[[samples[i] for i in b] for b in epoch_batches(samples, u, reg.config.tree.k, tcfg, e)]
+                  for e in range(tcfg.epochs)]  # fmt: skip
+    stream, seen = [], dict.fromkeys(per, 0)
+    for e in range(tcfg.epochs):
+        for j in range(max(len(per[u][e]) for u in per)):
+            for u in per:
+                if j < len(per[u][e]):
+                    stream.append(((u, seen[u]), per[u][e][j]))
+                    seen[u] += 1
+    return stream
+
+
+# ---- machine and FLOP model -------------------------------------------------------------------------
+def matmul_gflops(seconds: float = 1.5) -> float:
+    """Best fp32 matmul rate of an FFN-shaped (1024 x 576 @ 576 x 1536) and a square 1024 product."""
+    best = 0.0
+    for m, k, n in ((1024, 576, 1536), (1024, 1024, 1024)):
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        a @ b  # warm-up
+        reps, t = 0, time.perf_counter()
+        while time.perf_counter() - t < seconds / 2:
+            a @ b
+            reps += 1
+        best = max(best, 2 * m * k * n * reps / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def flops_per_token(anchor: Anchor, n_fwd: int, n_bwd: int, t_att: float, extra: int, weight_grads: bool) -> dict:
+    """FLOP per trained token: the forward of the `n_fwd` decoder layers that run and the head, the
+    backward (input gradients) of the `n_bwd` layers gradients flow through and the head, causal
+    attention over `t_att` keys on average (backward 2x forward), and 6 FLOP per trainable extra
+    parameter (memory or adapter: forward, input and weight gradients). `weight_grads`: the anchor's
+    own weight gradients too (fine-tuning it). `issue`: the issue's 4 x (parameters that run)."""
+    layer = sum(m.weight.numel() for m in decoder_layers(anchor.model)[0].modules() if isinstance(m, torch.nn.Linear))
+    head = anchor.model.get_output_embeddings().weight.numel()
+    fwd, bwd = 2 * (n_fwd * layer + head), 2 * (n_bwd * layer + head)
+    att = 4 * anchor.hidden * t_att * (n_fwd + 2 * n_bwd)
+    total = fwd + bwd + (bwd if weight_grads else 0) + att + 6 * extra
+    return {"flop": total, "issue": fwd + bwd, "attention": att, "extra": 6 * extra}
+
+
+def show(title: str, cols: tuple[str, ...], rows: list[list[str]]) -> None:
+    t = Table(title=title)
+    for c in cols:
+        t.add_column(c, justify="right")
+    for r in rows:
+        t.add_row(*r)
+    console.print(t)
+
+
+# ---- memctl: the real train_unit, timed step by step from its progress events ----------------------
+def memctl_run(reg: Registry, anchor: Anchor, tcfg: TrainConfig, units: list[str], split_head: bool,
+               max_steps: int | None = None) -> tuple[dict[Key, tuple[int, float]], float, list[Any]]:  # fmt: skip
+    """Per batch (tokens, seconds) of every step but each unit's first; total wall seconds; trained units."""
+    times: dict[Key, tuple[int, float]] = {}
+    trained, t_all = [], time.perf_counter()
+    handle = attach(anchor.model, reg.config.memory.layers)
+    try:
+        for i, u in enumerate(units):
+            marks: list[tuple[int, int, float]] = []
+
+            def mark(ev: TrainEvent, u: str = u, marks: list = marks) -> None:
+                if ev.unit == u:
+                    marks.append((ev.step, ev.tokens, time.perf_counter()))
+
+            flag = {"stop": False}
+            tu = train_unit(reg, anchor, handle, u, tcfg, i, len(units), mark, flag, max_steps, split_head,
+                            checkpoints=False)  # fmt: skip
+            for (_, k0, t0), (s1, k1, t1) in zip(marks, marks[1:], strict=False):
+                times[(u, s1 - 1)] = (k1 - k0, t1 - t0)
+            if tu is not None:
+                trained.append(tu)
+    finally:
+        handle.detach()
+    return times, time.perf_counter() - t_all, trained
+
+
+# ---- LoRA --------------------------------------------------------------------------------------------
+def lora_rank(anchor: Anchor, params: int) -> int:
+    """Rank whose LoRA on every layer's gate/up/down has `params` parameters (rounded)."""
+    per_rank = sum(getattr(layer.mlp, n).in_features + getattr(layer.mlp, n).out_features
+                   for layer in decoder_layers(anchor.model) for n in FFN)  # fmt: skip
+    return max(1, round(params / per_rank))
+
+
+def lora_run(spec: str, home: Path, stream: list[tuple[Key, list[Sample]]], tcfg: TrainConfig, rank: int,
+             lr: float) -> tuple[Anchor, dict[Key, tuple[int, float]], float, int, list[float]]:  # fmt: skip
+    from peft import LoraConfig, get_peft_model
+
+    la = load_anchor(spec, home)  # its own copy: LoRA layers go into it
+    torch.manual_seed(tcfg.seed)
+    cfg = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(FFN), bias="none")
+    model = get_peft_model(la.model, cfg).get_base_model()  # the same HF model, LoRA layers injected
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=tcfg.betas, eps=tcfg.eps, weight_decay=tcfg.weight_decay)
+    pad = la.tokenizer.pad_token_id
+    ids, mask, _ = collate(stream[0][1][:2], pad)
+    split_head = head_split_matches(model, ids, mask)
+    times, losses, t_all = {}, [], time.perf_counter()
+    for i, (key, batch) in enumerate(stream):
+        t = time.perf_counter()
+        ids, mask, labels = collate(batch, pad)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(i, len(stream), lr, tcfg.warmup, tcfg.min_lr_ratio)
+        loss = lm_loss(model, ids, mask, labels, None, 0, split_head)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times[key] = (int(mask.sum()), time.perf_counter() - t)
+        losses.append(float(loss.detach()))
+    wall = time.perf_counter() - t_all
+    return Anchor(model, la.tokenizer, la.path, la.digest), times, wall, sum(p.numel() for p in params), losses
+
+
+# ---- levers: memctl's step (as in train_unit) with each shortcut switched on or off -----------------
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    full_depth: bool  # memories in every layer (ranks scaled: same fetched parameters)
+    grouped: bool  # each batch from one level-1 unit (else: batches over the whole bank)
+    anchor_grads: bool  # anchor weight gradients and an AdamW state for it
+    cache: bool  # frozen prefix cached
+
+
+CHAIN = (
+    Variant("naive: full-depth memories, anchor grads + AdamW, batches mix clusters", True, False, True, False),
+    Variant("+ frozen anchor (no anchor gradients or optimizer state)", True, False, False, False),
+    Variant("+ batches grouped by level-1 cluster", True, True, False, False),
+    Variant("+ memories in the last layers only", False, True, False, False),
+    Variant("+ cached frozen prefix (= memctl)", False, True, False, True),
+)
+
+
+def lever_run(reg: Registry, anchor: Anchor, tcfg: TrainConfig, v: Variant, n_steps: int, split_head: bool) -> Timed:
+    cfg, n = reg.config, anchor.n_layers
+    mem = cfg.memory
+    if v.full_depth:
+        scale = len(mem.layers) / n
+        mem = dataclasses.replace(mem, layers=tuple(range(n)), ranks=tuple(max(1, round(r * scale)) for r in mem.ranks))
+    mcfg = dataclasses.replace(cfg, memory=mem)
+    k, p = cfg.tree.k, cfg.tree.p
+    units = bank_units(reg)
+    samples = {u: load_samples(reg, anchor, u, "lm") for u in units}
+    if v.grouped:  # round-robin over the units' first-epoch batches, as the compare stream orders them
+        firsts = {u: [[samples[u][i] for i in b] for b in epoch_batches(samples[u], u, k, tcfg, 0)] for u in units}
+        jobs = [(u, firsts[u][j]) for j in range(max(map(len, firsts.values()))) for u in units if j < len(firsts[u])]
+        owners = {u: unit_of(mcfg, u) for u in units}
+    else:  # one unit spanning the bank: every level gathered per sample, whole-bank gradients
+        pool = [s for u in units for s in samples[u]]
+        jobs = [("bank", [pool[i] for i in b]) for b in epoch_batches(pool, "0", k, tcfg, 0)]
+        owners = {"bank": Unit("bank", [(lvl, 0, k**lvl) for lvl in range(1, p + 1)])}
+    jobs = jobs[: n_steps + 1]
+    start = min(mem.layers)
+    cache = build_prefix_cache(anchor, start, [s for _, b in jobs for s in b]) if v.cache else None
+    params = {u: UnitParams(mcfg, owners[u]) for u in {u for u, _ in jobs}}
+    opts = {u: BlockAdamW(pp.flat(), lr=tcfg.lr, betas=tcfg.betas, weight_decay=tcfg.weight_decay)
+            for u, pp in params.items()}  # fmt: skip
+    handle = attach(anchor.model, mem.layers)
+    anchor_opt = None
+    if v.anchor_grads:
+        for w in anchor.model.parameters():
+            w.requires_grad_(True)
+        # lr 0: the full AdamW computation, the anchor left as it is
+        anchor_opt = torch.optim.AdamW(anchor.model.parameters(), lr=0.0, betas=tcfg.betas)
+    timed, pad = Timed(), anchor.tokenizer.pad_token_id
+    try:
+        for i, (u, batch) in enumerate(jobs):
+            t = time.perf_counter()
+            ids, mask, labels = collate(batch, pad)
+            local = owners[u].local_index([s.path for s in batch])
+            states = None
+            if cache is not None:
+                states = torch.zeros(ids.shape[0], ids.shape[1], anchor.hidden)
+                for j, smp in enumerate(batch):
+                    states[j, : len(smp.ids)] = cache[smp.key]
+            with handle.using(params[u].fetched(local)):
+                loss = batch_loss(anchor.model, batch, ids, mask, labels, states, start, split_head)
+            loss.backward()
+            clip_grad_norm(params[u].flat(), tcfg.grad_clip)
+            opts[u].step([local[j // len(PARTS)] for j in range(len(params[u].flat()))])
+            opts[u].zero_grad()
+            if anchor_opt is not None:
+                anchor_opt.step()
+                anchor_opt.zero_grad(set_to_none=True)
+            if i:  # the first step warms up
+                timed.add(int(mask.sum()), time.perf_counter() - t)
+    finally:
+        handle.detach()
+        for w in anchor.model.parameters():
+            w.requires_grad_(False)
+            w.grad = None
+    return timed
+
+
+# ---- probes ------------------------------------------------------------------------------------------
+def score(texts: list[str], probes: list[Probe]) -> dict[str, Any]:
+    k = sum(is_correct(t, p.answers) for t, p in zip(texts, probes, strict=True))
+    return {"correct": k, "n": len(probes), "accuracy": k / max(1, len(probes)), "ci95": wilson(k, len(probes))}
+
+
+def memctl_scores(name: str, home: Path, anchor: Anchor, probes: list[Probe]) -> dict[str, dict]:
+    out: dict[str, list[str]] = {"none": [], "fetched": []}
+    with BankSession(name, home, anchor=anchor) as s:
+        for i in range(0, len(probes), 16):
+            batch = [p.prompt for p in probes[i : i + 16]]
+            for mode, texts in out.items():
+                texts += [a.text for a in s.generate(batch, mode=mode, max_new_tokens=PROBE_TOKENS)]
+    return {mode: score(texts, probes) for mode, texts in out.items()}
+
+
+def lora_scores(la: Anchor, probes: list[Probe]) -> dict[str, Any]:
+    handle = attach(la.model, ())  # no memory layers: plain greedy generation with memctl's settings
+    texts = []
+    for i in range(0, len(probes), 16):
+        texts += greedy(la, handle, [p.prompt for p in probes[i : i + 16]], None, PROBE_TOKENS)
+    return score(texts, probes)
+
+
+# ---- report --------------------------------------------------------------------------------------------
+def pct(r: dict[str, Any]) -> str:
+    lo, hi = r["ci95"]
+    return f"{100 * r['accuracy']:.1f}% ({100 * lo:.0f}–{100 * hi:.0f})"
+
+
+def mean_ends(losses: list[float]) -> tuple[float, float]:
+    n = max(1, len(losses) // 20)
+    return sum(losses[:n]) / n, sum(losses[-n:]) / n
+
+
+@dataclass
+class Bench:
+    gflops: float
+    t_att: float
+    anchor: Anchor
+    out: dict[str, Any] = field(default_factory=dict)
+
+    def ceiling(self, n_fwd: int, n_bwd: int, extra: int, weight_grads: bool = False) -> dict[str, float]:
+        f = flops_per_token(self.anchor, n_fwd, n_bwd, self.t_att, extra, weight_grads)
+        return {**f, "gflop_token": f["flop"] / 1e9, "ceiling_tok_s": self.gflops * 1e9 / f["flop"]}
+
+
+def compare(a: argparse.Namespace, b: Bench, reg: Registry, home: Path, tcfg: TrainConfig, split_head: bool,
+            probes: list[Probe]) -> None:  # fmt: skip
+    anchor, mem, n, nm = b.anchor, reg.config.memory, b.anchor.n_layers, len(reg.config.memory.layers)
+    stream = unit_stream(reg, anchor, tcfg)
+    torch.manual_seed(tcfg.seed)
+    console.print(f"[dim]memctl: training {len(bank_units(reg))} units[/dim]")
+    m_times, m_wall, trained = memctl_run(reg, anchor, tcfg, bank_units(reg), split_head)
+    for tu in trained:  # write the blocks, so that the bank serves them
+        files = write_unit(reg, tu)
+        with reg.db.atomic():
+            record_unit(reg, tu, files)
+    rank = lora_rank(anchor, mem.fetched_params)
+    console.print(f"[dim]LoRA rank {rank}: training on the same {len(stream)} batches[/dim]")
+    la, l_times, l_wall, l_params, l_losses = lora_run(reg.config.anchor, home, stream, tcfg, rank, a.lora_lr)
+    m, lo = Timed(), Timed()
+    for key in m_times:  # the same batches for both: each unit's first step (warm-up) left out
+        m.add(*m_times[key])
+        lo.add(*l_times[key])
+    tokens = sum(len(s.ids) for _, batch in stream for s in batch)
+    console.print(f"[dim]scoring {len(probes)} probes[/dim]")
+    ms, ls = memctl_scores(reg.name, home, anchor, probes), lora_scores(la, probes)
+    m_loss = [sum(getattr(t.result, f) for t in trained) / len(trained) for f in ("loss_first", "loss_last")]
+    rows = {
+        "memctl": {"params": mem.fetched_params, "steps": m.to_dict(), "tok_s_all": tokens / m_wall, "loss": m_loss,
+                   "probes": ms["fetched"], **b.ceiling(nm, nm, mem.fetched_params)},
+        "lora": {"params": l_params, "rank": rank, "lr": a.lora_lr, "steps": lo.to_dict(), "tok_s_all": tokens / l_wall,
+                 "loss": mean_ends(l_losses), "probes": ls, **b.ceiling(n, n, l_params)},
+    }  # fmt: skip
+    ratio = m.tok_s / lo.tok_s
+    b.out["compare"] = {"tokens": tokens, "batches": len(stream), "anchor_probes": ms["none"], "ratio": ratio, **rows}
+    show(f"memctl vs LoRA, objective lm: the same {len(stream)} batches ({tokens:,} tokens, batch {tcfg.batch_size}, "
+         f"{tcfg.epochs} epochs)",
+         ("", "trainable/step", "tok/s (steps)", "tok/s (all)", "GFLOP/token", "ceiling tok/s", "of ceiling",
+          "loss first → last", f"probes ({len(probes)})"),
+         [[name, f"{r['params'] / 1e6:.2f}M", f"{r['steps']['tok_s']:.0f}", f"{r['tok_s_all']:.0f}",
+           f"{r['gflop_token']:.3f}", f"{r['ceiling_tok_s']:.0f}",
+           f"{100 * r['steps']['tok_s'] / r['ceiling_tok_s']:.0f}%",
+           f"{r['loss'][0]:.2f} → {r['loss'][1]:.2f}", pct(r["probes"])] for name, r in rows.items()]
+         + [["anchor alone", *["-"] * 7, pct(ms["none"])]])  # fmt: skip
+    console.print(
+        f"memctl / LoRA tokens/s: [bold]{ratio:.2f}×[/bold] (goal ≥ 2× at equal or better accuracy). LoRA rank {rank} "
+        f"on {'/'.join(FFN)} of all {n} layers matches the memory fetched per step ({mem.fetched_params / 1e6:.2f}M: "
+        f"what a step computes with and trains; the bank holds {mem.bank_params(reg.config.tree.k) / 1e6:.1f}M, but a "
+        "step touches only its path's blocks). Objective lm for both (LoRA has no distillation path). 'steps': every "
+        "step but each unit's first; 'all': all tokens over the whole run's wall time (memctl: prefix caches and "
+        f"block set-up included). lr: memctl {tcfg.lr:g}, LoRA {a.lora_lr:g} (alpha 2r, untuned); neither keeps "
+        "anchor gradients or optimizer state.",
+        highlight=False,
+    )
+
+
+def levers(a: argparse.Namespace, b: Bench, reg: Registry, tcfg: TrainConfig, split_head: bool) -> None:
+    mem, n, nm = reg.config.memory, b.anchor.n_layers, len(reg.config.memory.layers)
+    rows = []
+    for v in CHAIN:
+        console.print(f"[dim]lever run: {v.name}[/dim]")
+        timed = lever_run(reg, b.anchor, tcfg, v, a.lever_steps, split_head)
+        depth = (n, n) if v.full_depth else (nm, nm) if v.cache else (n, nm)  # layers run forward, backward
+        rows.append({"variant": dataclasses.asdict(v), **timed.to_dict(), **b.ceiling(*depth, mem.fetched_params,
+                                                                                     v.anchor_grads)})  # fmt: skip
+    total = math.log(rows[-1]["tok_s"] / rows[0]["tok_s"])
+    for i, r in enumerate(rows):
+        r["gain"] = r["tok_s"] / rows[i - 1]["tok_s"] if i else None
+        r["share"] = math.log(r["gain"]) / total if i and total else None
+    show(f"levers, added one at a time ({a.lever_steps} steps each after a warm-up step)",
+         ("scheme", "tok/s", "ms/step", "× previous", "share of gain", "GFLOP/token", "of ceiling"),
+         [[r["variant"]["name"], f"{r['tok_s']:.0f}", f"{r['ms_step']:.0f}", f"{r['gain']:.2f}×" if r["gain"] else "-",
+           f"{100 * r['share']:.0f}%" if r["share"] is not None else "-", f"{r['gflop_token']:.3f}",
+           f"{100 * r['tok_s'] / r['ceiling_tok_s']:.0f}%"] for r in rows])  # fmt: skip
+    console.print(
+        f"share = log of the row's speed-up / log of the whole ({math.exp(total):.2f}×); shares depend on the order "
+        f"the levers are added in. Full-depth memories keep the fetched parameters (ranks scaled by {nm}/{n}). Mixed "
+        "batches train one unit spanning the bank (every level gathered per sample, whole-bank gradients). A frozen "
+        f"anchor also saves {3 * 4 * b.anchor.n_params / 2**30:.1f} GiB (gradients + AdamW moments); LoRA saves them "
+        "too. Batches differ between grouped and mixed rows: compare tok/s, not ms/step.",
+        highlight=False,
+    )
+    b.out["levers"] = rows
+
+
+def growth(a: argparse.Namespace, b: Bench, reg: Registry, corpus: Path, home: Path, tcfg: TrainConfig,
+           split_head: bool) -> None:  # fmt: skip
+    k, p = reg.config.tree.k, reg.config.tree.p
+    blocks = sum(k**lvl for lvl in range(1, p + 1))
+    k2 = next(x for x in range(k + 1, 65) if sum(x**lvl for lvl in range(1, p + 1)) >= 10 * blocks)
+    console.print(f"[dim]ingesting the growth bank (tree {k2}x{p}, same ranks)[/dim]")
+    big = make_bank("train-big", corpus, home, (k2, p), reg.config.memory.ranks, a.memory_layers)
+    gcfg = dataclasses.replace(tcfg, epochs=max(tcfg.epochs, 50))  # enough batches for max_steps in small units
+    rows = {}
+    for r in (reg, big):
+        units = bank_units(r)[: a.growth_units or None]
+        times, wall, _ = memctl_run(r, b.anchor, gcfg, units, split_head, max_steps=a.growth_steps + 1)
+        timed = Timed()
+        for tokens, secs in times.values():
+            timed.add(tokens, secs)
+        tk = r.config.tree.k
+        rows[f"{tk}x{p}"] = {"blocks": sum(tk**lvl for lvl in range(1, p + 1)), "units": len(units),
+                             "bank_params": r.config.memory.bank_params(tk), **timed.to_dict(),
+                             "setup_s_unit": (wall - timed.seconds) / len(units),
+                             "ms_1k_tokens": 1e6 * timed.seconds / max(1, timed.tokens)}  # fmt: skip
+    small, large = rows.values()
+    ratio, per_token = large["ms_step"] / small["ms_step"], large["ms_1k_tokens"] / small["ms_1k_tokens"]
+    b.out["growth"] = {**rows, "ratio_ms_step": ratio, "ratio_ms_per_token": per_token}
+    show(f"step time as the bank grows ({large['blocks'] / small['blocks']:.1f}× the blocks, same corpus and ranks)",
+         ("tree", "blocks", "bank params", "units timed", "steps", "tokens/step", "ms/step", "ms/1k tokens",
+          "unit set-up s"),
+         [[name, str(r["blocks"]), f"{r['bank_params'] / 1e6:.0f}M", str(r["units"]), str(r["steps"]),
+           f"{r['tokens'] / max(1, r['steps']):.0f}", f"{r['ms_step']:.0f}", f"{r['ms_1k_tokens']:.0f}",
+           f"{r['setup_s_unit']:.1f}"]
+          for name, r in rows.items()])  # fmt: skip
+    console.print(
+        f"step time {ratio:.2f}×, per token {per_token:.2f}× (goal: flat). memctl's own train_unit; each unit's first "
+        "step left out; 'unit set-up' is its prefix cache, initial blocks, optimizer state and first step. Units of "
+        "the larger bank hold fewer windows, so its batches can be smaller: per token is the fairer figure.",
+        highlight=False,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default="compare,levers,growth")
+    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1e-2, help="memctl learning rate (memctl's default)")
+    ap.add_argument("--lora-lr", type=float, default=1e-3)
+    ap.add_argument("--tree", default="4,2")
+    ap.add_argument("--memory-layers", default="last:10")
+    ap.add_argument("--docs", type=int, default=None, help="use this many documents (default: all 118)")
+    ap.add_argument("--probes", type=int, default=None, help="score this many probes (default: all)")
+    ap.add_argument("--lever-steps", type=int, default=20)
+    ap.add_argument("--growth-steps", type=int, default=5, help="timed steps per unit")
+    ap.add_argument("--growth-units", type=int, default=0, help="units timed per bank (default: all)")
+    ap.add_argument("--gflops", type=float, default=None, help="matmul GFLOP/s (default: measured now)")
+    ap.add_argument("--work", default=str(ROOT / "demo-out" / "train"), help="data and MEMCTL_HOME")
+    ap.add_argument("--out", default=None, help="JSON file (default: WORK/train.json)")
+    ap.add_argument("--quick", action="store_true", help="16 documents, 2 epochs, 2 lever and 2 growth steps")
+    a = ap.parse_args()
+    if a.quick:
+        a.docs, a.epochs, a.probes = a.docs or 16, 2, a.probes or 16
+        a.lever_steps, a.growth_steps, a.growth_units = 2, 2, 1
+    work, parts = Path(a.work), set(a.parts.split(","))
+    home = work / "home"
+    corpus, probes = build_data(work, a.docs, a.probes)
+    k, p = (int(v) for v in a.tree.split(","))
+    console.print(f"[dim]ingesting {corpus.name} (tree {k}x{p}, memories {a.memory_layers})[/dim]")
+    reg = make_bank("train", corpus, home, (k, p), None, a.memory_layers)
+    anchor = load_anchor(reg.config.anchor, home)
+    tcfg = TrainConfig(epochs=a.epochs, lr=a.lr, batch_size=a.batch_size, objective="lm")
+    _keep_freed_memory()  # as memctl.train.train does
+    samples = [s for u in bank_units(reg) for s in load_samples(reg, anchor, u, "lm")]
+    lens = [len(s.ids) for s in samples]
+    t_att = sum(x * (x + 1) / 2 for x in lens) / sum(lens)
+    split_head = head_split_matches(anchor.model, *collate(samples[:2], anchor.tokenizer.pad_token_id)[:2])
+    gflops = a.gflops or matmul_gflops()
+    b, mem, n = Bench(gflops, t_att, anchor), reg.config.memory, anchor.n_layers
+    nm = len(mem.layers)
+    b.out["setup"] = {"gflops": gflops, "gflops_measured": a.gflops is None, "threads": torch.get_num_threads(),
+                      "windows": len(lens), "window_tokens": sum(lens), "mean_keys": t_att, "tree": [k, p],
+                      "ranks": list(mem.ranks), "memory_layers": a.memory_layers, "anchor_params": anchor.n_params,
+                      "fetched_params": mem.fetched_params, "train": dataclasses.asdict(tcfg), "quick": a.quick,
+                      "issue_gflop_token": {"all": b.ceiling(n, n, 0)["issue"] / 1e9,
+                                            f"last:{nm}": b.ceiling(nm, nm, 0)["issue"] / 1e9}}  # fmt: skip
+    console.print(
+        f"{len(lens)} windows ({sum(lens):,} tokens), tree {k}x{p}, ranks {mem.ranks}, memories {a.memory_layers}; "
+        f"matmul {gflops:.0f} GFLOP/s fp32 ({'measured now' if a.gflops is None else 'given'}, "
+        f"{torch.get_num_threads()} threads). The issue's estimate from these shapes (4 × parameters that run): full "
+        f"depth {b.out['setup']['issue_gflop_token']['all']:.2f}, last {nm} layers with the cached prefix "
+        f"{b.out['setup']['issue_gflop_token'][f'last:{nm}']:.2f} GFLOP/token; the tables add attention over "
+        f"{t_att:.0f} keys on average and 6 FLOP per memory or adapter parameter.",
+        highlight=False,
+    )
+    if "compare" in parts:
+        compare(a, b, reg, home, tcfg, split_head, probes)
+    if "levers" in parts:
+        levers(a, b, reg, tcfg, split_head)
+    if "growth" in parts:
+        growth(a, b, reg, corpus, home, tcfg, split_head)
+    out = Path(a.out) if a.out else work / "train.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(b.out, indent=2, default=float))
+    console.print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
