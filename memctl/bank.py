@@ -5,19 +5,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .anchor import Anchor, load_anchor, resolve_anchor
 from .config import BankConfig, MemoryConfig, TreeConfig, default_ranks, default_tree, parse_layers
-from .corpus import Document, Window, read_documents, split_windows
+from .corpus import Document, iter_documents, read_documents
 from .embed import get_embedder
 from .errors import BankStateError, InputError
-from .privacy import join_tags, parse_tags, reach_by_level
+from .ingest_stream import TokenCounter, stream_ingest
+from .privacy import parse_tags, reach_by_level
 from .registry import Registry, block_id, memctl_home, now
-from .tree import build_tree, route
 
 Progress = Callable[[str, int, int], None]
 
@@ -37,13 +36,9 @@ class IngestResult:
     references_added: int = 0
 
 
-def token_counter(anchor: Anchor) -> Callable[[str], int]:
-    tok = anchor.tokenizer
-
-    def count(text: str) -> int:
-        return len(tok(text, add_special_tokens=False)["input_ids"])
-
-    return count
+def token_counter(anchor: Anchor) -> TokenCounter:
+    """Anchor tokens per text; batch-primable (see `ingest_stream.TokenCounter`)."""
+    return TokenCounter(anchor.tokenizer)
 
 
 def _new_config(
@@ -92,24 +87,31 @@ def ingest(
     reference: bool = False,
     home: Path | None = None,
     progress: Progress | None = None,
+    chunk: int | None = None,
 ) -> IngestResult:
     """Add documents to bank `name` (created on first use). Nothing is written unless all succeeds.
 
     `tags` label the documents (new ones, and given ones already present) for access rules.
     `reference=True` stores the documents as never-trained references instead: the 'unseen'
-    baseline that forgetting proofs compare a forgotten document with."""
+    baseline that forgetting proofs compare a forgotten document with.
+
+    Documents stream through in chunks of `chunk` windows (default `ingest_stream.CHUNK_WINDOWS`):
+    read, windowed, embedded and written chunk by chunk, then clustered over a memory-mapped
+    embedding matrix (see memctl/ingest_stream.py)."""
     home = home or memctl_home()
     tags = parse_tags(tags)
     t0 = time.perf_counter()
-    secs: dict[str, float] = {}
-    docs = read_documents(paths, text_field=text_field, id_field=id_field)
     exists = Registry.exists(name, home)
     if reference:
+        docs = read_documents(paths, text_field=text_field, id_field=id_field)
         if not exists:
             raise BankStateError(f"bank {name!r} does not exist; ingest its documents before adding references")
         if tags:
             raise InputError("--tag does not apply to --reference documents (they are never trained or served)")
         return _add_references(Registry.open(name, home), docs)
+    stream = iter_documents(paths, text_field=text_field, id_field=id_field)
+    head = list(islice(stream, 256))  # a bad first file fails before any model is loaded
+    docs_iter = chain(head, stream)
     reg = Registry.open(name, home) if exists else None
     if reg is not None:
         cfg = reg.config
@@ -132,187 +134,55 @@ def ingest(
             raise InputError("--window must be at least 16 tokens")
     emb = get_embedder(embedder_name)
     the_anchor = load_anchor(anchor_spec, home)
-    secs["load"] = time.perf_counter() - t0
-
-    known = reg.doc_hashes() if reg else {}
-    by_sha = {sha: doc_id for doc_id, sha in known.items()}
-    new_docs: list[Document] = []
-    present: list[str] = []  # ids of given documents the bank already holds
-    for d in docs:
-        if d.id in known:
-            if known[d.id] != d.sha256:
-                raise InputError(
-                    f"document {d.id!r} is already in bank {name!r} with different text; "
-                    "forget it first or give it a new id"
-                )
-            present.append(d.id)
-        elif d.sha256 in by_sha:
-            present.append(by_sha[d.sha256])  # same content under another id
-        else:
-            new_docs.append(d)
-            by_sha[d.sha256] = d.id
-    skipped = len(present)
-    if reg is not None and reg.db.execute("select count(*) from reference_docs").fetchone()[0]:
-        refs = {r[0] for r in reg.db.execute("select sha256 from reference_docs")}
-        clash = [d.id for d in new_docs if d.sha256 in refs]
-        if clash:
-            raise InputError(f"document {clash[0]!r} is a reference document of bank {name!r}; references stay unseen")
-
-    cfg_tree = reg.config.tree if reg else None
-    if not new_docs:
-        assert reg is not None
-        with reg.db.atomic():
-            tagged = _add_tags(reg, present, tags)
-        return IngestResult(
-            name,
-            False,
-            0,
-            skipped,
-            0,
-            (cfg_tree.k, cfg_tree.p) if cfg_tree else (0, 0),
-            False,
-            seconds=secs,
-            tagged=tagged,
-        )
-
-    t = time.perf_counter()
-    count = token_counter(the_anchor)
-    windows: list[Window] = []
-    for i, d in enumerate(new_docs):
-        windows.extend(split_windows(d, win, count))
-        if progress:
-            progress("window", i + 1, len(new_docs))
-    secs["window"] = time.perf_counter() - t
-    t = time.perf_counter()
-    vecs = emb.encode([w.text for w in windows], progress=progress)
-    secs["embed"] = time.perf_counter() - t
-
-    def write(r: Registry, config: BankConfig, created: bool) -> IngestResult:
-        t = time.perf_counter()
-        trained = r.db.execute("select count(*) from blocks where state != 'init'").fetchone()[0] > 0
-        _, old_vecs = r.embeddings()
-        stale: list[str] = []
-        with r.db.atomic():
-            if trained:  # route into the existing tree, no re-clustering
-                tr = r.load_tree()
-                new_routes = route(tr, vecs)
-                reclustered = False
-            else:
-                all_vecs = vecs if old_vecs.size == 0 else np.concatenate([old_vecs, vecs])
-                tr = build_tree(
-                    all_vecs,
-                    config.tree.k,
-                    config.tree.p,
-                    seed=config.tree.seed,
-                    iters=config.tree.iters,
-                    balance=config.tree.balance,
-                    progress=progress,
-                )
-                routes = route(tr, all_vecs)
-                new_routes = routes[len(old_vecs) :]
-                for (wid,), path in zip(
-                    r.db.execute("select id from windows order by id").fetchall(), routes[: len(old_vecs)], strict=True
-                ):
-                    r.db["windows"].update(wid, {"path": ",".join(map(str, path)), "l1": int(path[0])})
-                r.save_tree(tr)
-                reclustered = True
-                # prompts were routed, and checkpoints trained, on the old tree
-                r.db.execute("delete from prompts")
-                r.db.execute("update windows set prompted = 0")
-            stamp = now()
-            r.db["documents"].insert_all(
-                [
-                    {
-                        "id": d.id,
-                        "source": d.source,
-                        "title": d.title,
-                        "sha256": d.sha256,
-                        "n_chars": len(d.text),
-                        "tags": join_tags(tags),
-                        "added": stamp,
-                    }
-                    for d in new_docs
-                ],
-                batch_size=500,
-            )
-            r.db["windows"].insert_all(
-                [
-                    {
-                        "doc_id": w.doc_id,
-                        "idx": w.idx,
-                        "char_start": w.char_start,
-                        "char_end": w.char_end,
-                        "sha256": w.sha256,
-                        "text": w.text,
-                        "n_tokens": w.n_tokens,
-                        "path": ",".join(map(str, path)),
-                        "l1": int(path[0]),
-                        "embedding": v.astype(np.float32).tobytes(),
-                    }
-                    for w, path, v in zip(windows, new_routes, vecs, strict=True)
-                ],
-                batch_size=500,
-            )
-            tagged = _add_tags(r, present, tags)
-            if created:
-                _create_blocks(r, config)
-            if trained:
-                touched = {(lvl + 1, int(n)) for path in new_routes for lvl, n in enumerate(path)}
-                for lvl, idx in sorted(touched):
-                    row = r.block(lvl, idx)
-                    if row and row["state"] == "trained":
-                        r.db["blocks"].update(row["id"], {"state": "stale", "updated": stamp})
-                        stale.append(row["id"])
-                for lvl in range(1, config.tree.p + 1):  # node sizes follow the new windows
-                    for n, c in zip(*np.unique(new_routes[:, lvl - 1], return_counts=True), strict=True):
-                        r.db.execute(
-                            "update nodes set n_windows = n_windows + ? where level = ? and idx = ?",
-                            [int(c), lvl, int(n)],
-                        )
-        if reclustered:  # only once the new tree is committed
-            for ckpt in r.checkpoint_dir().glob("unit-*.pt"):
-                ckpt.unlink()
-        secs["cluster+write"] = time.perf_counter() - t
-        return IngestResult(
-            name,
-            created,
-            len(new_docs),
-            skipped,
-            len(windows),
-            (config.tree.k, config.tree.p),
-            reclustered,
-            stale,
-            secs,
-            tagged,
-        )
-
-    if reg is not None:
-        return write(reg, reg.config, created=False)
-    config = _new_config(
-        the_anchor, anchor_spec, embedder_name, win, len(windows), tree, ranks, memory_layers or "all", seed
-    )
-    anchor_row = {
-        "path": str(the_anchor.path),
-        "sha256": the_anchor.digest,
-        "params": the_anchor.n_params,
-        "layers": the_anchor.n_layers,
+    load_s = time.perf_counter() - t0
+    opts: dict[str, Any] = {
+        "embedder": emb,
+        "count": token_counter(the_anchor),
+        "window": win,
+        "tags": tags,
+        "progress": progress,
     }
-    with Registry.create(name, config, anchor_row, home) as new:
-        result = write(new, config, created=True)
-    return result
+    if chunk is not None:
+        opts["chunk"] = chunk
+    if reg is not None:
+        with reg.db.atomic():
+            res = stream_ingest(reg, docs_iter, config=reg.config, **opts)
+        created = False
+        if res.reclustered:  # only once the new tree is committed
+            for ckpt in reg.checkpoint_dir().glob("unit-*.pt"):
+                ckpt.unlink()
+    else:
+        layers = memory_layers or "all"
 
+        def config_for(n_windows: int) -> BankConfig:
+            return _new_config(the_anchor, anchor_spec, embedder_name, win, n_windows, tree, ranks, layers, seed)
 
-def _add_tags(reg: Registry, doc_ids: list[str], tags: frozenset[str]) -> int:
-    """Merge `tags` into the tags of documents already in the bank; returns how many changed."""
-    changed = 0
-    if not tags:
-        return 0
-    for doc_id in dict.fromkeys(doc_ids):
-        old = parse_tags(reg.db["documents"].get(doc_id)["tags"] or "")
-        if not tags <= old:
-            reg.db["documents"].update(doc_id, {"tags": join_tags(old | tags)})
-            changed += 1
-    return changed
+        # checks the options now; the tree shape is final once the corpus size is known
+        provisional = _new_config(
+            the_anchor, anchor_spec, embedder_name, win, 0, tree or (2, 1), ranks if tree else None, layers, seed
+        )
+        anchor_row = {
+            "path": str(the_anchor.path),
+            "sha256": the_anchor.digest,
+            "params": the_anchor.n_params,
+            "layers": the_anchor.n_layers,
+        }
+        with Registry.create(name, provisional, anchor_row, home) as new, new.db.atomic():
+            res = stream_ingest(new, docs_iter, finalize=config_for, **opts)
+            _create_blocks(new, res.config)
+        created = True
+    return IngestResult(
+        name,
+        created,
+        res.docs_added,
+        res.docs_skipped,
+        res.windows_added,
+        (res.config.tree.k, res.config.tree.p),
+        res.reclustered,
+        res.stale_blocks,
+        {"load": load_s, **res.seconds},
+        res.tagged,
+    )
 
 
 def _add_references(reg: Registry, docs: list[Document]) -> IngestResult:

@@ -114,32 +114,50 @@ def _read_table(path: Path, text_field: str, id_field: str | None) -> Iterator[D
         yield Document(id=doc_id, text=text, source=str(path), title=title)
 
 
-def read_documents(
-    paths: Sequence[str | Path], text_field: str = "text", id_field: str | None = None
-) -> list[Document]:
-    """All documents under `paths`. Raises InputError on a missing, empty, binary or malformed input."""
-    docs: list[Document] = []
+def _input_files(paths: Sequence[str | Path]) -> list[tuple[Path, Path | None]]:
+    """(file, directory it was found under or None) for every input, checked before any is read."""
+    files: list[tuple[Path, Path | None]] = []
     for raw in paths:
         path = Path(raw).expanduser()
         if not path.exists():
             raise InputError(f"{raw}: no such file or directory")
         if path.is_dir():
-            files = sorted(
+            found = sorted(
                 p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES | TABLE_SUFFIXES
             )
-            if not files:
+            if not found:
                 raise InputError(f"{raw}: no .txt/.md/.jsonl/.json/.csv/.parquet files in this directory")
-            for f in files:
-                if f.suffix.lower() in TEXT_SUFFIXES:
-                    docs.append(_read_text_file(f, f.relative_to(path).as_posix()))
-                else:
-                    docs.extend(_read_table(f, text_field, id_field))
-        elif path.suffix.lower() in TEXT_SUFFIXES:
-            docs.append(_read_text_file(path, path.name))
-        elif path.suffix.lower() in TABLE_SUFFIXES:
-            docs.extend(_read_table(path, text_field, id_field))
+            files.extend((f, path) for f in found)
+        elif path.suffix.lower() in TEXT_SUFFIXES | TABLE_SUFFIXES:
+            files.append((path, None))
         else:
             raise InputError(f"{raw}: unsupported file type; use .txt, .md, .jsonl, .json, .csv or .parquet")
+    return files
+
+
+def iter_documents(
+    paths: Sequence[str | Path], text_field: str = "text", id_field: str | None = None
+) -> Iterator[Document]:
+    """The documents under `paths`, one at a time (a table file is read whole, then yielded row by row).
+    Missing paths and unsupported types raise InputError at once; a bad file raises when it is reached.
+    Repeated ids are not checked here (`read_documents` does; the streaming ingest checks in SQL)."""
+    files = _input_files(paths)
+
+    def gen() -> Iterator[Document]:
+        for f, root in files:
+            if f.suffix.lower() in TEXT_SUFFIXES:
+                yield _read_text_file(f, f.relative_to(root).as_posix() if root else f.name)
+            else:
+                yield from _read_table(f, text_field, id_field)
+
+    return gen()
+
+
+def read_documents(
+    paths: Sequence[str | Path], text_field: str = "text", id_field: str | None = None
+) -> list[Document]:
+    """All documents under `paths`. Raises InputError on a missing, empty, binary or malformed input."""
+    docs = list(iter_documents(paths, text_field, id_field))
     seen: dict[str, str] = {}
     for d in docs:
         if d.id in seen and seen[d.id] != d.sha256:
@@ -163,6 +181,13 @@ def _spans(text: str, pattern: re.Pattern[str], start: int, end: int) -> list[tu
     if pos < end:
         out.append((pos, end))
     return out
+
+
+def paragraphs(text: str) -> list[str]:
+    """The paragraphs `split_windows` counts first, and their stripped forms (a one-paragraph
+    document becomes one window whose text is its stripped paragraph): what to count in a batch."""
+    out = [text[s:e] for s, e in _spans(text, _PARA, 0, len(text))]
+    return out + [t.strip() for t in out]
 
 
 def _hard_split(text: str, start: int, end: int, limit: int, count: Counter) -> list[tuple[int, int]]:

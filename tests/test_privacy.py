@@ -277,7 +277,7 @@ def test_cli_block_audit_forget_round_trip(home: Path, bank: Registry) -> None:
 def test_an_interrupted_tagging_changes_nothing(
     home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import memctl.bank as bank_mod
+    import memctl.ingest_stream as bank_mod  # where ingest tags documents
 
     ingest("q", [corpus / "gases"], anchor=str(tiny_anchor), embedder="hash", tree=(2, 1), home=home)
     before = tree_digest(home / "banks" / "q")
