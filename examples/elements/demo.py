@@ -82,11 +82,11 @@ def main() -> None:
     step("train", memctl + train_args + objective, env, times)
     extra = ["--limit", a.limit] if a.limit else []
     results = {}
-    full = ["--beam", "2", "--block-fraction", "0,0.0625,0.125,0.25"]
+    full = ["--block-fraction", "0,0.0625,0.125,0.25"]
     full += ["--perplexity", str(ROOT / "examples/elements/heldout.jsonl"), "--report", str(out / "eval-report")]
     for name, probes, setups in (
-        ("evaluate", "probes.jsonl", full),  # every setup, beam 2, blocked fractions, perplexity, report
-        ("evaluate rephrased", "probes-rephrased.jsonl", ["--setups", "anchor,generic,fetched,rag,oracle-rag"]),
+        ("evaluate", "probes.jsonl", full),  # every setup, blocked fractions, perplexity, report
+        ("evaluate rephrased", "probes-rephrased.jsonl", ["--setups", "anchor,generic,fetched,oracle-rag"]),
     ):
         args = ["eval", "--bank", "elements", "--probes", str(out / "data" / probes), *setups, "--json"]
         raw = step(name, memctl + args + extra, env, times, capture=True)
