@@ -160,6 +160,7 @@ def answers(plan: Plan, results: dict[str, ItemResult]) -> list[dict[str, Any]]:
     for i, p in enumerate(plan.probes):
         out.append({"doc": p.doc, "kind": p.kind, "prompt": p.prompt, "route": [int(v) for v in plan.routes[i]],
                     "routed_right": bool(plan.known[i] and plan.agree[i, -1]) if plan.known[i] else None,
+                    "retrieved": plan.retrieved[i]["doc_id"] if plan.retrieved[i] else None,
                     "answers": {}})  # fmt: skip
     for j in plan.jobs:
         if j.seqs:

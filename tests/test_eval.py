@@ -307,8 +307,19 @@ def test_cli_eval_report_json_and_history(home: Path, bank: Registry, probe_file
     assert "memctl eval --bank e" in md or "eval --bank e" in md
     res = runner.invoke(app, ["eval", "--bank", "e", "--probes", str(probe_file), "--setups", "anchor,fetched"])
     assert res.exit_code == 0 and "probe accuracy on e" in res.output
+    reg = Registry.open("e")
+    for doc in ("gases/0.txt", "gases/1.txt"):
+        reg.db["documents"].update(doc, {"tags": "public"})
+    res = runner.invoke(app, ["eval", "--bank", "e", "--probes", str(probe_file), "--setups", "fetched,rag",
+                              "--allow", "public", "--json"])  # fmt: skip
+    d = json.loads(res.output)
+    assert d["params"]["allow"] == ["public"] and all(r["setup"] in ("fetched", "rag") for r in d["setups"])
+    assert {p["retrieved"] for p in d["answers"]} <= {"gases/0.txt", "gases/1.txt", None}  # only allowed windows
+    seen = [p["answers"] for p in d["answers"]]
+    assert len(seen) == 6 and all(set(a) == {"fetched", "rag"} for a in seen)
     res = runner.invoke(app, ["eval", "--bank", "e", "--history", "--json"])
     hist = json.loads(res.output)
-    assert len(hist) == 2 and hist[0]["params"]["setups"] == ["anchor", "fetched"]
+    assert len(hist) == 3 and hist[1]["params"]["setups"] == ["anchor", "fetched"]
+    assert hist[0]["params"]["allow"] == ["public"]
     res = runner.invoke(app, ["eval", "--bank", "e", "--history"])
     assert res.exit_code == 0 and "evaluation runs of e" in res.output

@@ -49,6 +49,10 @@ def eval_cmd(
     limit: Annotated[int | None, typer.Option(help="Evaluate a reproducible sample of N probes.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the --limit sample.")] = 0,
     batch_size: Annotated[int, typer.Option(help="Probes per generation batch.")] = 16,
+    allow: Annotated[
+        str | None,
+        typer.Option(help="TAG,...: evaluate what these access tags may see (blocks and RAG windows)."),
+    ] = None,
     report: Annotated[Path | None, typer.Option(help="Write report.md and PNG plots into this directory.")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Start a new run instead of resuming a stopped one.")] = False,
     history: Annotated[bool, typer.Option("--history", help="Show the bank's past evaluation runs.")] = False,
@@ -57,6 +61,7 @@ def eval_cmd(
     """Probe accuracy (95% Wilson intervals) of every setup, routing agreement, beam, blocked fractions,
     perplexity. Runs are stored in the bank: the same command resumes a stopped run."""
     from ..evaluate import SETUPS, EvalOptions, run_eval
+    from ..privacy import parse_tags
     from ..probes import load_probes, sample_probes
     from ..serve import BankSession
 
@@ -77,8 +82,10 @@ def eval_cmd(
         if perplexity is not None and not perplexity.exists():
             raise InputError(f"--perplexity {perplexity}: no such file or directory")
         ps = sample_probes(load_probes(probes), limit, seed) if probes is not None else []
-        params = {"probes": str(probes) if probes else None, "limit": limit, "seed": seed}
-        with BankSession(bank) as session, stage_progress(not as_json) as progress:
+        tags = parse_tags(allow) if allow is not None else None
+        params = {"probes": str(probes) if probes else None, "limit": limit, "seed": seed,
+                  "allow": sorted(tags) if tags is not None else None}  # fmt: skip
+        with BankSession(bank, allow=tags) as session, stage_progress(not as_json) as progress:
             res = run_eval(session, ps, opts, probes_path=probes, perplexity=perplexity, params=params,
                            fresh=fresh, progress=progress)  # fmt: skip
         res["probes"] = str(probes or "")
@@ -89,7 +96,7 @@ def eval_cmd(
             for flag, value in (("--probes", probes), ("--setups", setups), ("--beam", beam if beam > 1 else None),
                                 ("--block-fraction", block_fraction),
                                 ("--blocking", blocking if blocking != "reroute" else None),
-                                ("--perplexity", perplexity), ("--limit", limit),
+                                ("--perplexity", perplexity), ("--allow", allow), ("--limit", limit),
                                 ("--seed", seed if limit is not None else None), ("--report", report)):  # fmt: skip
                 if value is not None:
                     parts += [flag, str(value)]
