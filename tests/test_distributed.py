@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,18 @@ def _assert_same_training(got: Registry, want: Registry) -> None:
         for part in ("gate", "up", "down"):
             assert torch.equal(g[bid][part], w[bid][part]), (bid, part)
     assert _provenance(got) == _provenance(want)
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """torchrun gives each rank one thread (OMP_NUM_THREADS=1), and float sums depend on how a matmul
+    is split across threads: bit-identity holds at equal thread counts, so every run here uses one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture()
