@@ -115,6 +115,8 @@ def test_bad_probe_file_in_the_cli_is_one_line_and_changes_nothing(home: Path, b
         ["--block-fraction", "0,x"],
         ["--block-fraction", "1.5"],
         ["--beam", "0"],
+        ["--report", str(p)],  # a file, not a directory: refused before any answer
+        ["--perplexity", str(p.parent / "missing.txt")],
     ):
         res = runner.invoke(app, ["eval", "--bank", "e", "--probes", str(p.parent / "none.jsonl"), *args])
         assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output

@@ -81,6 +81,8 @@ def eval_cmd(
         opts.check()
         if perplexity is not None and not perplexity.exists():
             raise InputError(f"--perplexity {perplexity}: no such file or directory")
+        if report is not None and report.exists() and not report.is_dir():
+            raise InputError(f"--report {report}: exists and is not a directory")
         ps = sample_probes(load_probes(probes), limit, seed) if probes is not None else []
         tags = parse_tags(allow) if allow is not None else None
         params = {"probes": str(probes) if probes else None, "limit": limit, "seed": seed,
