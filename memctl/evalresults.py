@@ -8,8 +8,6 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
-
 from .evalruns import ItemResult
 from .evaluate import SETUPS, EvalOptions, Job, Plan
 from .probes import wilson
@@ -46,8 +44,8 @@ def aggregate(session: BankSession, plan: Plan, opts: EvalOptions, results: dict
     for j in plan.jobs:
         groups.setdefault(j.group, []).append((j, results[j.item]))
     probes = plan.probes
-    right = plan.known & plan.agree[:, -1] if len(probes) else np.zeros(0, dtype=bool)
-    wrong = plan.known & ~plan.agree[:, -1] if len(probes) else np.zeros(0, dtype=bool)
+    right = plan.known & plan.agree[:, -1]
+    wrong = plan.known & ~plan.agree[:, -1]
 
     def row(name: str) -> dict[str, Any]:
         pairs = groups.get(name, [])
@@ -87,7 +85,7 @@ def routing(plan: Plan) -> dict[str, Any]:
     known = plan.known
     n = int(known.sum())
     levels = []
-    for lvl in range(plan.routes.shape[1] if plan.routes.ndim == 2 else 0):
+    for lvl in range(plan.routes.shape[1]):
         agree = int((plan.agree[:, lvl] & known).sum())
         levels.append({"level": lvl + 1, "agree": agree, "n": n, "share": agree / n if n else 0.0})
     return {"n": n, "unknown_doc": int((~known).sum()), "levels": levels}

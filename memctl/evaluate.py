@@ -36,7 +36,7 @@ from .perplexity import token_losses
 from .probes import PROBE_TOKENS, Probe, file_sha256, is_correct
 from .rag import with_context
 from .serve import BankSession, greedy
-from .tree import best_matching, route_avoiding, route_beam
+from .tree import best_matching, route, route_avoiding, route_beam
 
 Progress = Callable[[str, int, int], None]
 SETUPS = ("anchor", "generic", "fetched", "rag", "rag+fetched", "oracle-rag", "fetched-corrupted")
@@ -125,13 +125,8 @@ def open_book(session: BankSession, probe: Probe) -> str:
     """The probe's own document (its windows, in order, cut to the context) then the probe."""
     rows = session.reg.windows("doc_id = ?", [probe.doc])
     text = "\n\n".join(r["text"] for r in rows)
-    return with_context(text, probe.prompt, session.anchor.tokenizer, context_budget(session, probe.prompt))
-
-
-def context_budget(session: BankSession, prompt: str) -> int:
-    limit = int(getattr(session.anchor.model.config, "max_position_embeddings", 2048) or 2048)
-    used = len(session.anchor.tokenizer(prompt, add_special_tokens=False)["input_ids"]) + PROBE_TOKENS + 8
-    return max(0, limit - used)
+    room = session.context_room(probe.prompt, PROBE_TOKENS + 8)
+    return with_context(text, probe.prompt, session.anchor.tokenizer, room)
 
 
 def siblings(session: BankSession, leaf: int) -> list[int]:
@@ -146,7 +141,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
     tree, notes = session.tree, []
     if probes:
         x = session.embedder.encode([p.prompt for p in probes])
-        routes = session.route([p.prompt for p in probes])
+        routes = route(tree, x)
     else:
         x, routes = np.zeros((0, tree.dim), np.float32), np.zeros((0, tree.p), np.int64)
     by_doc = doc_routes(session)
@@ -231,9 +226,8 @@ def perplexity_jobs(session: BankSession, texts: Sequence[str], setups: Sequence
         chunks = [c for c in chunks if len(c) >= 2]
         for s in setups:
             for c, seq in enumerate(chunks):
-                j = Job(f"ppl {s}|{d}|{c}", f"ppl {s}", d, "", mode=PPL_SETUPS[s], seqs=list(seq))
-                j.paths = routes[d][None] if s == "fetched" else None
-                jobs.append(j)
+                paths = routes[d][None] if s == "fetched" else None
+                jobs.append(Job(f"ppl {s}|{d}|{c}", f"ppl {s}", d, "", "", PPL_SETUPS[s], paths, list(seq)))
     return jobs
 
 
@@ -244,12 +238,10 @@ def read_texts(path: str | Path) -> list[str]:
 
 # ---- running ---------------------------------------------------------------------------------------
 def _fetched(session: BankSession, batch: list[Job]) -> Fetched | None:
-    mode = batch[0].mode
-    if mode == "none":
-        return None
-    if mode == "generic":
-        return session.store.fetch_generic(len(batch))
-    return session.fetch_union(np.stack([j.paths for j in batch]))  # type: ignore[misc]
+    """The blocks of a batch of one group: every row its own paths (a beam's several), or one mode."""
+    if batch[0].mode == "fetched":
+        return session.fetch_union(np.stack([j.paths for j in batch]))  # type: ignore[misc]
+    return session.fetch(batch[0].mode, None, len(batch))
 
 
 def run_jobs(

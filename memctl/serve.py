@@ -141,11 +141,15 @@ class BankSession(Memories):
             answers.append(Answer(p, t, mode, path, blocks, withheld, timings, r.to_dict() if r else None))
         return answers
 
+    def context_room(self, prompt: str, reserve: int) -> int:
+        """Tokens of the anchor's context left before `prompt`, keeping `reserve` tokens free."""
+        limit = int(getattr(self.anchor.model.config, "max_position_embeddings", 2048) or 2048)
+        used = len(self.anchor.tokenizer(prompt, add_special_tokens=False)["input_ids"]) + reserve
+        return max(0, limit - used)
+
     def rag_budget(self, prompt: str, max_new_tokens: int) -> int:
         """Tokens the retrieved window may take: a bank window, within the anchor's context."""
-        limit = int(getattr(self.anchor.model.config, "max_position_embeddings", 2048) or 2048)
-        used = len(self.anchor.tokenizer(prompt, add_special_tokens=False)["input_ids"]) + max_new_tokens + 64
-        return max(0, min(self.cfg.window, limit - used))
+        return min(self.cfg.window, self.context_room(prompt, max_new_tokens + 64))
 
     def blocks_used(self, mode: str, path: list[int] | None) -> tuple[list[str], list[str]]:
         """(blocks served, blocks withheld: blocked or out of reach) for one answer."""

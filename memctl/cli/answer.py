@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import InputError, MemctlError
-from .common import BankOpt, JsonOpt, app, err, out, run
+from .common import AllowOpt, BankOpt, CacheMbOpt, JsonOpt, app, err, out, run
 
 
 @app.command()
@@ -20,11 +20,8 @@ def ask(
     generic: Annotated[bool, typer.Option("--generic", help="The generic memory instead of routed blocks.")] = False,
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the anchor's chat template.")] = False,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate.")] = 32,
-    allow: Annotated[
-        str | None,
-        typer.Option(help="TAG,...: fetch only blocks whose every training document has one of these tags."),
-    ] = None,
-    cache_mb: Annotated[float, typer.Option(help="Byte budget of loaded blocks (MiB).")] = 512,
+    allow: AllowOpt = None,
+    cache_mb: CacheMbOpt = 512,
     rag: Annotated[
         bool, typer.Option("--rag", help="Also put the nearest window of the routed leaf in the prompt.")
     ] = False,
@@ -86,10 +83,8 @@ def chat(
     route_on: Annotated[
         str, typer.Option(help="Route on the 'message' alone or the whole 'conversation'.")
     ] = "message",
-    allow: Annotated[
-        str | None, typer.Option(help="TAG,...: fetch only blocks whose every training document has one of these tags.")
-    ] = None,
-    cache_mb: Annotated[float, typer.Option(help="Byte budget of loaded blocks (MiB).")] = 512,
+    allow: AllowOpt = None,
+    cache_mb: CacheMbOpt = 512,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per reply at most.")] = 96,
 ) -> None:
     """Chat with a bank: each turn fetches only the blocks its message routes to, and streams.

@@ -29,6 +29,10 @@ T = TypeVar("T")
 
 BankOpt = Annotated[str, typer.Option("--bank", "-b", help="Bank name (under MEMCTL_HOME, default ~/.memctl).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+AllowOpt = Annotated[
+    str | None, typer.Option(help="TAG,...: fetch only blocks whose every training document has one of these tags.")
+]
+CacheMbOpt = Annotated[float, typer.Option(help="Byte budget of loaded blocks (MiB).")]
 
 
 def run(fn: Callable[[], T]) -> T:

@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from ..errors import InputError
+from ..evalreport import ci, pct, write_report
 from .common import BankOpt, JsonOpt, app, err, human_params, out, run, stage_progress
 
 
@@ -92,8 +93,6 @@ def eval_cmd(
                            fresh=fresh, progress=progress)  # fmt: skip
         res["probes"] = str(probes or "")
         if report is not None:
-            from ..evalreport import write_report
-
             parts = ["memctl", "eval", "--bank", bank]
             for flag, value in (("--probes", probes), ("--setups", setups), ("--beam", beam if beam > 1 else None),
                                 ("--block-fraction", block_fraction),
@@ -125,11 +124,7 @@ def _history(bank: str) -> list[dict[str, Any]]:
 
 
 def _pct(r: dict[str, Any]) -> str:
-    return f"{100 * r['accuracy']:.1f}%"
-
-
-def _ci(r: dict[str, Any]) -> str:
-    return f"{100 * r['ci95'][0]:.1f}–{100 * r['ci95'][1]:.1f}%"
+    return pct(r["accuracy"])
 
 
 def _print_results(res: dict[str, Any]) -> None:
@@ -159,7 +154,7 @@ def _print_probes(res: dict[str, Any]) -> None:
         cells = [_pct(r["per_kind"][k]) if k in r["per_kind"] else "-" for k in kinds]
         split = [f"{_pct(x)} ({x['n']})" if x["n"] else "-" for x in (r["routed_right"], r["routed_wrong"])]
         name = r["setup"] + (" [dim](probe × sibling)[/dim]" if r["setup"] == "fetched-corrupted" else "")
-        table.add_row(name, _pct(r), _ci(r), *cells, *split, f"{r['seconds']:.0f}s")
+        table.add_row(name, _pct(r), ci(r), *cells, *split, f"{r['seconds']:.0f}s")
     out.print(table)
     rt = res["routing"]
     if rt["n"]:
@@ -170,7 +165,7 @@ def _print_probes(res: dict[str, Any]) -> None:
         for c in ("beam", "accuracy", "95% CI", "blocks/probe", "params fetched/probe", "s/probe"):
             t.add_column(c, justify="right")
         for b in res["beam"]:
-            t.add_row(str(b["beam"]), _pct(b), _ci(b), f"{b['blocks_per_probe']:.2f}",
+            t.add_row(str(b["beam"]), _pct(b), ci(b), f"{b['blocks_per_probe']:.2f}",
                       human_params(b["params_per_probe"]), f"{b['seconds_per_probe']:.3f}")  # fmt: skip
         out.print(t)
     if "blocking" in res:
@@ -185,7 +180,7 @@ def _print_probes(res: dict[str, Any]) -> None:
                 ", ".join(map(str, r["nodes_per_level"])),
                 f"{100 * r['bank_share']:.1f}%",
                 _pct(r),
-                _ci(r),
+                ci(r),
                 "-" if r["fraction"] == 0 else f"{100 * r['change']:+.1f} pts",
             )
         out.print(t)
