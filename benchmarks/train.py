@@ -42,9 +42,10 @@ from memctl.memory import PARTS
 from memctl.optim import BlockAdamW, clip_grad_norm, lr_at
 from memctl.prefix import head_split_matches
 from memctl.probes import PROBE_TOKENS, Probe, is_correct, load_probes, sample_probes, wilson
+from memctl.records import record_unit, write_unit
 from memctl.registry import Registry
 from memctl.serve import BankSession, greedy
-from memctl.train import TrainEvent, _keep_freed_memory, record_unit, train_unit, write_unit
+from memctl.train import TrainEvent, _keep_freed_memory, train_unit
 from memctl.units import GENERIC, Unit, UnitParams, unit_of, units_to_train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -495,7 +496,8 @@ def main() -> None:
     console.print(f"[dim]ingesting {corpus.name} (tree {k}x{p}, memories {a.memory_layers})[/dim]")
     reg = make_bank("train", corpus, home, (k, p), None, a.memory_layers)
     anchor = load_anchor(reg.config.anchor, home)
-    tcfg = TrainConfig(epochs=a.epochs, lr=a.lr, batch_size=a.batch_size, objective="lm")
+    # objective lm without preservation: LoRA trains on exactly the same windows
+    tcfg = TrainConfig(epochs=a.epochs, lr=a.lr, batch_size=a.batch_size, objective="lm", preserve=0.0)
     _keep_freed_memory()  # as memctl.train.train does
     samples = [s for u in bank_units(reg) for s in load_samples(reg, anchor, u, "lm")]
     lens = [len(s.ids) for s in samples]

@@ -3,6 +3,7 @@ an epoch, collation and the losses."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,10 +32,11 @@ class Sample:
     n_prompt: int = 0  # positions n_prompt-1 .. len(ids)-2 predict the answer tokens
     topk_idx: torch.Tensor | None = None  # (A, k) int64
     topk_logp: torch.Tensor | None = None  # (A, k) float32
+    keep: bool = False  # a preservation sample: match the anchor alone at every position
 
     @property
     def kind(self) -> str:
-        return "lm" if self.topk_idx is None else "kd"
+        return "lm" if self.topk_idx is None else "keep" if self.keep else "kd"
 
 
 def _path(text: str) -> tuple[int, ...]:
@@ -75,16 +77,42 @@ def prompt_samples(reg: Registry, unit: str) -> list[Sample]:
     return out
 
 
+def preserve_samples(reg: Registry, unit: str, share: float, samples: list[Sample], seed: int) -> list[Sample]:
+    """Pool sequences (memctl.preserve) worth `share` of the unit's training tokens, each on a path
+    drawn from the unit's own paths: every block of the unit learns to leave unrelated text alone."""
+    tokens = sum(len(s.ids) for s in samples)
+    pool = list(reg.db.query("select id, ids, topk_idx, topk_logp from preserve order by id"))
+    if share <= 0 or not samples or not pool:
+        return []
+    length = len(pool[0]["ids"]) // 4
+    n = max(1, math.ceil(share * tokens / length))
+    rng = np.random.default_rng(_unit_seed(seed, unit) + [7])
+    picks = rng.choice(len(pool), size=n, replace=n > len(pool))
+    paths = sorted({s.path for s in samples})
+    out = []
+    for i in picks.tolist():
+        r = pool[i]
+        ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
+        idx = torch.from_numpy(np.frombuffer(r["topk_idx"], dtype=np.int32).reshape(len(ids), -1).astype(np.int64))
+        logp = torch.from_numpy(np.frombuffer(r["topk_logp"], dtype=np.float32).reshape(len(ids), -1).copy())
+        path = paths[int(rng.integers(len(paths)))]
+        out.append(Sample(f"k{r['id']}", "", ids, path, None, 1, idx, logp, keep=True))
+    return out
+
+
 def load_samples(reg: Registry, anchor: Anchor, unit: str, objective: str = "lm") -> list[Sample]:
     """The unit's samples for an objective: lm = windows, distill = prompts, mix = both. Under
-    distill, a window that yields no prompt (nothing salient to ask about) is learned next-token."""
+    distill, a window that yields no prompt (nothing salient to ask about) is learned next-token.
+    Preservation samples (preserve_samples) come on top."""
     if objective == "lm":
-        return window_samples(reg, anchor, unit)
-    windows = window_samples(reg, anchor, unit)
-    if objective == "distill":
-        prompted = {f"w{r['window_id']}" for r in reg.db.query("select distinct window_id from prompts")}
-        windows = [w for w in windows if w.key not in prompted]
-    return windows + prompt_samples(reg, unit)
+        samples = window_samples(reg, anchor, unit)
+    else:
+        windows = window_samples(reg, anchor, unit)
+        if objective == "distill":
+            prompted = {f"w{r['window_id']}" for r in reg.db.query("select distinct window_id from prompts")}
+            windows = [w for w in windows if w.key not in prompted]
+        samples = windows + prompt_samples(reg, unit)
+    return samples
 
 
 def _unit_seed(seed: int, unit: str) -> list[int]:
@@ -98,11 +126,13 @@ def epoch_batches(samples: list[Sample], unit: str, k: int, tcfg: TrainConfig, e
     if unit == GENERIC:
         keep = rng.random(len(samples)) < 1.0 / (k + 1)
         order = order[keep[order]]
-    # one kind per batch; length buckets: sort runs of 8 batches by length so little compute goes
-    # to padding; then shuffle the batches themselves
+    # one kind per batch (preservation sequences are short: twice as many per step); length buckets:
+    # sort runs of 8 batches by length so little compute goes to padding; then shuffle the batches
     batches: list[list[int]] = []
-    for kind in ("lm", "kd"):
-        bs = tcfg.batch_size if kind == "lm" else tcfg.batch_size * tcfg.prompt_batch_factor
+    for kind in ("lm", "kd", "keep"):
+        bs = {"lm": tcfg.batch_size, "kd": tcfg.batch_size * tcfg.prompt_batch_factor, "keep": 2 * tcfg.batch_size}[
+            kind
+        ]
         mine = [i for i in order.tolist() if samples[i].kind == kind]
         for s in range(0, len(mine), 8 * bs):
             run = sorted(mine[s : s + 8 * bs], key=lambda i: len(samples[i].ids))
@@ -146,10 +176,10 @@ def batch_loss(
     start: int,
     split_head: bool,
 ) -> torch.Tensor:
-    if batch[0].kind == "lm":
+    if batch[0].kind == "lm":  # "kd" and "keep" share the distillation loss
         return lm_loss(model, ids, mask, labels, states, start, split_head)
     pos, idx, logp = kd_targets(batch)
-    return kd_loss(model, ids, mask, pos, idx, logp, states, start, split_head)
+    return kd_loss(model, ids, mask, pos, idx, logp, states, start, split_head, tail=batch[0].keep)
 
 
 def lm_loss(

@@ -81,6 +81,8 @@ class TrainConfig:
     objective: str = "distill"  # lm | distill | mix (distill measured best: see README)
     prompt_batch_factor: int = 4  # prompts are short: this many times more of them per step
     patience: int = 3  # stop a unit when held-out prompt accuracy has not improved for this many epochs
+    preserve: float = 1.0  # share of a unit's tokens spent matching the anchor on its own text (memctl.preserve)
+    preserve_pool: int = 256  # sequences the anchor writes for it, once per bank
 
     def validate(self) -> None:
         if self.epochs < 1:
@@ -89,6 +91,10 @@ class TrainConfig:
             raise InputError("--lr must be positive")
         if self.batch_size < 1:
             raise InputError("--batch-size must be at least 1")
+        if not 0 <= self.preserve <= 4:
+            raise InputError(f"--preserve must be between 0 and 4, got {self.preserve}")
+        if self.preserve_pool < 1:
+            raise InputError("the preservation pool needs at least one sequence")
         if self.objective not in ("lm", "distill", "mix"):
             raise InputError(f"--objective must be lm, distill or mix, got {self.objective!r}")
 
@@ -128,6 +134,7 @@ class BankConfig:
 def train_config_from_json(text: str) -> TrainConfig:
     d = json.loads(text)
     d["betas"] = tuple(d["betas"])
+    d.setdefault("preserve", 0.0)  # trained before preservation existed: without it
     return TrainConfig(**d)
 
 

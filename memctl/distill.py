@@ -176,13 +176,24 @@ def kd_loss(
     states: torch.Tensor | None = None,
     start: int = 0,
     split_head: bool = True,
+    tail: bool = False,
 ) -> torch.Tensor:
-    """Cross-entropy of the student against the teacher's renormalised top-k distribution
-    (= KL up to the teacher's entropy). positions (N, 2) = (row, t); topk_* (N, k)."""
+    """Cross-entropy of the student against the teacher's top-k (= KL up to the teacher's entropy).
+    positions (N, 2) = (row, t); topk_* (N, k), the teacher's true log-probabilities.
+
+    tail=False: against the renormalised top-k, which sharpens the student onto the teacher's
+    candidates (answers). tail=True: the top-k plus one bucket for all other tokens, with their mass
+    on both sides: the student matches the teacher's whole distribution, its spread included
+    (preservation: renormalising there would make every token outside the top-k less likely)."""
     logits = logits_at(model, ids, mask, positions[:, 0], positions[:, 1], states, start, split_head)  # (N, V)
     logp_s = F.log_softmax(logits.float(), -1).gather(1, topk_idx)  # (N, k)
-    p_t = F.softmax(topk_logp, -1)
-    return -(p_t * logp_s).sum(-1).mean()
+    if not tail:
+        p_t = F.softmax(topk_logp, -1)
+        return -(p_t * logp_s).sum(-1).mean()
+    p_t = topk_logp.exp()
+    rest_t = (1.0 - p_t.sum(-1)).clamp_min(0.0)
+    rest_s = torch.log1p(-logp_s.exp().sum(-1).clamp(max=1.0 - 1e-6))
+    return (-(p_t * logp_s).sum(-1) - rest_t * rest_s).mean()
 
 
 @dataclass

@@ -27,21 +27,18 @@ from . import errors
 from .anchor import attach
 from .config import TrainConfig, train_config_from_json
 from .errors import InputError, MemctlError
+from .records import TrainedUnit, commit_unit, start_run, stop_run
 from .registry import Registry, dumps, memctl_home
 from .train import (
     INTERRUPTED,
-    TrainedUnit,
     TrainEvent,
     TrainingInterrupted,
     TrainResult,
     _keep_freed_memory,
-    commit_unit,
     load_bank_anchor,
     plan_training,
     prepare_training,
     sigint_flag,
-    start_run,
-    stop_run,
     train_unit,
 )
 

@@ -35,9 +35,10 @@ from .evaluate import evaluate
 from .privacy import check_docs, doc_blocks, parse_tags
 from .probes import Probe, is_correct
 from .proof import MIN_REFERENCES, DocText, baseline, gains, judge, measure, zscores
+from .records import TrainedUnit, record_unit, write_unit
 from .registry import Registry, dumps, memctl_home, now
 from .serve import BankSession
-from .train import TrainedUnit, TrainEvent, head_split_ok, record_unit, sigint_flag, train_unit, write_unit
+from .train import TrainEvent, head_split_ok, sigint_flag, train_unit
 from .tree import subtree_of
 from .units import GENERIC, unit_of
 

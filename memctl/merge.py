@@ -30,21 +30,17 @@ from .anchor import attach
 from .distill import PrepareReport
 from .errors import BankStateError, InputError, MemctlError
 from .memory import PARTS
+from .records import TrainedUnit, UnitResult, record_unit, run_row, write_unit
 from .registry import Registry, block_id, dumps, memctl_home, now
 from .registry.blockfile import read_block
 from .train import (
-    TrainedUnit,
     TrainEvent,
     TrainingInterrupted,
-    UnitResult,
     load_bank_anchor,
     plan_training,
     prepare_training,
-    record_unit,
-    run_row,
     sigint_flag,
     train_unit,
-    write_unit,
 )
 from .units import GENERIC, UnitParams, unit_of
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .anchor import Anchor, attach, load_anchor
-from .batches import batch_loss, build_prefix_cache, collate, epoch_batches, load_samples
+from .batches import batch_loss, build_prefix_cache, collate, epoch_batches, load_samples, preserve_samples
 from .config import TrainConfig, train_config_from_json
 from .distill import PrepareReport, generate_prompts, heldout_accuracy, heldout_prompts, prepare
 from .errors import BankStateError, InputError, MemctlError
@@ -32,8 +32,10 @@ from .optim import BlockAdamW, clip_grad_norm, lr_at
 from .prefix import (
     head_split_matches,
 )
-from .registry import Registry, block_id, dumps, memctl_home, now
-from .units import Unit, UnitParams, unit_of, units_to_train
+from .preserve import prepare_pool
+from .records import TrainedUnit, UnitResult, commit_unit, start_run, stop_run
+from .registry import Registry, dumps, memctl_home
+from .units import UnitParams, unit_of, units_to_train
 
 
 @dataclass
@@ -48,19 +50,6 @@ class TrainEvent:
     tokens: int  # tokens trained so far in this unit
     tokens_per_s: float
     heldout: float | None = None  # held-out prompt accuracy after the last finished epoch
-
-
-@dataclass
-class UnitResult:
-    unit: str
-    steps: int
-    tokens: int
-    loss_first: float
-    loss_last: float
-    seconds: float
-    resumed_from: int
-    heldout: list[float] = field(default_factory=list)  # held-out prompt accuracy per epoch
-    stopped_early: bool = False
 
 
 @dataclass
@@ -106,16 +95,6 @@ def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-@dataclass
-class TrainedUnit:
-    """A unit trained in memory: its result, its parameters and its provenance, not yet written."""
-
-    result: UnitResult
-    unit: Unit
-    params: UnitParams
-    seen: dict[tuple[int, int], dict[str, int]]  # (level, node) -> doc -> tokens trained
-
-
 def train_unit(
     reg: Registry,
     anchor: Anchor,
@@ -140,6 +119,7 @@ def train_unit(
     cfg = reg.config
     unit = unit_of(cfg, name)
     samples = [s for s in load_samples(reg, anchor, name, tcfg.objective) if s.doc_id not in exclude]
+    samples += preserve_samples(reg, name, tcfg.preserve, samples, tcfg.seed)
     params = UnitParams(cfg, unit)
     if not samples:
         return TrainedUnit(UnitResult(name, 0, 0, float("nan"), float("nan"), 0.0, 0), unit, params, {})
@@ -153,7 +133,7 @@ def train_unit(
     opt = BlockAdamW(params.flat(), lr=tcfg.lr, betas=tcfg.betas, eps=tcfg.eps, weight_decay=tcfg.weight_decay)
     heldout = heldout_prompts(reg, name, exclude=exclude)
     ckpt = reg.checkpoint_dir() / f"unit-{name}.pt"
-    step, tokens, losses, seconds = 0, 0, [], 0.0
+    step, tokens, losses, keeps, seconds = 0, 0, [], [], 0.0
     seen: dict[tuple[int, int], dict[str, int]] = {}  # (level, node) -> doc -> tokens trained
     scores: list[float] = []  # held-out prompt accuracy after each epoch
     if checkpoints and ckpt.exists():
@@ -163,7 +143,7 @@ def train_unit(
                 dst.copy_(src)
         opt.load_state_dict(state["opt"])
         step, tokens, losses, seconds = state["step"], state["tokens"], state["losses"], state["seconds"]
-        seen, scores = state["seen"], state["scores"]
+        seen, scores, keeps = state["seen"], state["scores"], state.get("keeps", [])
     resumed_from = step
     pad = anchor.tokenizer.pad_token_id
     t_start = time.perf_counter() - seconds
@@ -175,6 +155,7 @@ def train_unit(
             "step": step,
             "tokens": tokens,
             "losses": losses,
+            "keeps": keeps,
             "seen": seen,
             "scores": scores,
             "unit": name,
@@ -204,8 +185,10 @@ def train_unit(
         opt.zero_grad()
         step += 1
         tokens += int(mask.sum())
-        losses.append(float(loss.detach()))
+        (keeps if batch[0].keep else losses).append(float(loss.detach()))
         for smp in batch:
+            if smp.keep:  # the anchor's own text: no document shaped the block through it
+                continue
             for level, _first, _n in unit.levels:
                 d = seen.setdefault((level, 0 if level == 0 else smp.path[level - 1]), {})
                 d[smp.doc_id] = d.get(smp.doc_id, 0) + len(smp.ids)
@@ -228,7 +211,7 @@ def train_unit(
                     step,
                     total,
                     epoch,
-                    losses[-1],
+                    losses[-1] if losses else float("nan"),
                     tokens,
                     tokens / max(el, 1e-9),
                     scores[-1] if scores else None,
@@ -242,10 +225,17 @@ def train_unit(
         if stopped_early:
             break
     seconds = time.perf_counter() - t_start
-    first = float(np.mean(losses[: max(1, len(losses) // 20)])) if losses else float("nan")
-    last = float(np.mean(losses[-max(1, len(losses) // 20) :])) if losses else float("nan")
-    res = UnitResult(name, step, tokens, first, last, seconds, resumed_from, scores, stopped_early)
+    first, last = _ends(losses)
+    res = UnitResult(name, step, tokens, first, last, seconds, resumed_from, scores, stopped_early, *_ends(keeps))
     return TrainedUnit(res, unit, params, seen)
+
+
+def _ends(losses: list[float]) -> tuple[float, float]:
+    """Mean of the first and of the last 5% of the losses."""
+    if not losses:
+        return float("nan"), float("nan")
+    n = max(1, len(losses) // 20)
+    return float(np.mean(losses[:n])), float(np.mean(losses[-n:]))
 
 
 MIN_HELDOUT_FOR_STOP = 20  # fewer held-out prompts are too noisy to stop on
@@ -254,58 +244,6 @@ MIN_HELDOUT_FOR_STOP = 20  # fewer held-out prompts are too noisy to stop on
 def _plateaued(scores: list[float], patience: int) -> bool:
     """No improvement over the best earlier score for `patience` epochs."""
     return len(scores) > patience and max(scores[-patience:]) <= max(scores[:-patience])
-
-
-def write_unit(reg: Registry, tu: TrainedUnit) -> dict[tuple[int, int], tuple[str, str]]:
-    """Write the unit's trained blocks as new files; returns (level, node) -> (file, sha256).
-    Nothing points to them until `record_unit` commits."""
-    files = {}
-    for pos, (level, first, _n) in enumerate(tu.unit.levels):
-        for lvl, node in tu.seen:
-            if lvl == level:
-                files[(lvl, node)] = reg.write_block(lvl, node, tu.params.block(pos, node - first))
-    return files
-
-
-def record_unit(reg: Registry, tu: TrainedUnit, files: dict[tuple[int, int], tuple[str, str]]) -> None:
-    """Point the unit's block rows at their new files, with provenance (inside the caller's
-    transaction, if any). Blocks of the unit that saw no data (stale, dropped or withheld ones
-    included) go back to their initial state."""
-    stamp = now()
-    for level, first, n in tu.unit.levels:
-        reg.db.execute(
-            "update blocks set file = null, sha256 = null, state = 'init', trained_tokens = 0, updated = ? "
-            "where level = ? and idx >= ? and idx < ? and (file is not null or state != 'init')",
-            [stamp, level, first, first + n],
-        )
-        reg.db.execute(
-            "delete from block_docs where block_id in (select id from blocks where level = ? and idx >= ? and idx < ?)",
-            [level, first, first + n],
-        )
-    for (lvl, node), (file, sha) in files.items():
-        bid = block_id(lvl, node)
-        reg.db["blocks"].update(
-            bid,
-            {
-                "file": file,
-                "sha256": sha,
-                "state": "trained",
-                "trained_tokens": sum(tu.seen[(lvl, node)].values()),
-                "updated": stamp,
-            },
-        )
-        reg.db["block_docs"].insert_all(
-            [{"block_id": bid, "doc_id": doc, "tokens": n} for doc, n in tu.seen[(lvl, node)].items()]
-        )
-
-
-def _finish_unit(reg: Registry, tu: TrainedUnit) -> None:
-    """Write the unit's blocks, switch the registry to them in one transaction, then delete the
-    files they replace. An interruption before the commit leaves the old blocks in place."""
-    files = write_unit(reg, tu)
-    with reg.db.atomic():
-        record_unit(reg, tu, files)
-    reg.sweep_orphans()
 
 
 def train(
@@ -403,32 +341,11 @@ def prepare_training(
         generate_prompts(reg, stage)
     else:
         report = prepare(reg, anchor, stage)
+    if tcfg.preserve > 0:
+        prepare_pool(reg, anchor, stage, tcfg.preserve_pool)
     split_head = head_split_ok(reg, anchor, todo, tcfg.objective)
     _keep_freed_memory()
     return report, split_head
-
-
-def start_run(reg: Registry, unit: str, tcfg: TrainConfig) -> int:
-    row = {"started": now(), "status": "running", "unit": unit, "config": dumps(dataclasses.asdict(tcfg))}
-    return int(reg.db["runs"].insert(row).last_pk)
-
-
-def stop_run(reg: Registry, run_id: int) -> None:
-    reg.db["runs"].update(run_id, {"status": "interrupted", "finished": now()})
-
-
-def run_row(res: UnitResult) -> dict[str, Any]:
-    """The `runs` columns of a finished unit."""
-    stats = {k: getattr(res, k) for k in ("steps", "tokens", "loss_first", "loss_last", "seconds")}
-    return {"status": "done", "finished": now(), **stats}
-
-
-def commit_unit(reg: Registry, tu: TrainedUnit, run_id: int) -> UnitResult:
-    """Write a trained unit's blocks and commit them (one transaction), drop its checkpoint, close its run."""
-    _finish_unit(reg, tu)
-    (reg.checkpoint_dir() / f"unit-{tu.unit.name}.pt").unlink(missing_ok=True)
-    reg.db["runs"].update(run_id, run_row(tu.result))
-    return tu.result
 
 
 def head_split_ok(reg: Registry, anchor: Anchor, units: list[str], objective: str) -> bool:

@@ -46,8 +46,9 @@ def test_real_anchor_end_to_end(real_home: Path, tmp_path: Path, monkeypatch: py
         (docs / name).write_text(text)
     res = ingest("real", [docs], tree=(2, 1), ranks=(16,), memory_layers="last:4", home=real_home)
     assert res.windows_added == 6
-    out = train("real", {"epochs": 4, "batch_size": 2, "lr": 1e-2}, home=real_home)
+    out = train("real", {"epochs": 4, "batch_size": 2, "lr": 1e-2, "preserve_pool": 16}, home=real_home)
     assert out.units and all(u.loss_last < u.loss_first for u in out.units)
+    assert all(np.isfinite(u.preserve_first) and np.isfinite(u.preserve_last) for u in out.units)
     with BankSession("real", real_home) as s:
         assert s.anchor.n_layers == 30 and s.anchor.hidden == 576
         prompt = "Zorblat is a fictional metal discovered in"

@@ -107,8 +107,9 @@ def test_training_with_prefix_cache_equals_training_without(
     train("b", {"epochs": 1, "batch_size": 2, "objective": "mix"}, home=home)
     ba, bb = _blocks(a), _blocks(b)
     assert set(ba) == set(bb)
-    for k in ba:
-        torch.testing.assert_close(ba[k]["down"], bb[k]["down"], rtol=1e-3, atol=1e-5)
+    for k in ba:  # float order differs (suffix vs full forward); Adam scales the tiny gradients of
+        # near-idle weights up to lr-sized steps, so one in a few hundred weights drifts by ~3e-5
+        torch.testing.assert_close(ba[k]["down"], bb[k]["down"], rtol=1e-3, atol=1e-4)
 
 
 def test_head_on_labelled_positions_only_gives_the_same_loss(home: Path, corpus: Path, tiny_anchor: Path) -> None:

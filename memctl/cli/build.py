@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -111,6 +112,13 @@ def train(
     patience: Annotated[
         int | None, typer.Option(help="Stop a unit after this many epochs without held-out gain (default 3).")
     ] = None,
+    preserve: Annotated[
+        float | None,
+        typer.Option(
+            help="Share of each unit's tokens spent keeping the anchor unchanged on text it writes itself, "
+            "so memories leave unrelated text alone; 0 turns it off (default 1)."
+        ),
+    ] = None,
     subtree: Annotated[int | None, typer.Option(help="Train only this level-1 subtree (an isolated unit).")] = None,
     retrain: Annotated[bool, typer.Option(help="Retrain units that are already trained.")] = False,
     restart: Annotated[bool, typer.Option(help="Drop interrupted checkpoints and start over.")] = False,
@@ -137,6 +145,7 @@ def train(
         "seed": seed,
         "objective": objective,
         "patience": patience,
+        "preserve": preserve,
     }
     if out_dir is not None or generic:
         train_out_command(bank, out_dir, overrides, subtree, generic, restart, as_json)
@@ -221,7 +230,16 @@ def train(
             f"both paths trained; teacher cache {p.teacher_seconds:.0f}s"
         )
     table = Table(title=f"trained {len(res.units)} unit(s) of {bank}")
-    for col in ("unit", "steps", "tokens", "loss first→last", "held-out by epoch", "tok/s", "time"):
+    for col in (
+        "unit",
+        "steps",
+        "tokens",
+        "loss first→last",
+        "preserve first→last",
+        "held-out by epoch",
+        "tok/s",
+        "time",
+    ):
         table.add_column(col, justify="right")
     for u in res.units:
         resumed = f" (resumed at {u.resumed_from})" if u.resumed_from else ""
@@ -231,6 +249,7 @@ def train(
             f"{u.steps}{resumed}",
             f"{u.tokens:,}",
             f"{u.loss_first:.3f} → {u.loss_last:.3f}",
+            "-" if math.isnan(u.preserve_first) else f"{u.preserve_first:.3f} → {u.preserve_last:.3f}",
             held if u.heldout else "-",
             f"{u.tokens / max(u.seconds, 1e-9):.0f}",
             f"{u.seconds:.0f}s",

@@ -161,11 +161,18 @@ def _m004_eval_runs(db: sqlite_utils.Database) -> None:
     db["eval_items"].create_index(["doc"])
 
 
+def _m005_preserve(db: sqlite_utils.Database) -> None:
+    """Text the anchor wrote on its own, with its own top-k next-token distributions: what memories
+    must leave unchanged (memctl.preserve). No corpus text, so nothing here belongs to a document."""
+    db["preserve"].create({"id": int, "ids": bytes, "topk_idx": bytes, "topk_logp": bytes}, pk="id")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_prompts,
     _m003_privacy,
     _m004_eval_runs,
+    _m005_preserve,
 ]
 
 

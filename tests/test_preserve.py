@@ -1,0 +1,159 @@
+"""Preservation: memories trained to leave the anchor alone on text it writes itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from memctl.anchor import load_anchor
+from memctl.bank import ingest
+from memctl.batches import epoch_batches, load_samples, preserve_samples
+from memctl.config import TrainConfig
+from memctl.distill import prepare
+from memctl.preserve import LENGTH, POOL, TOPK, prepare_pool
+from memctl.registry import Registry
+from memctl.train import train
+
+UNRELATED = [
+    "The committee will meet on Thursday to review the budget for the new library wing.",
+    "Bake the bread for forty minutes, then let it cool on a rack before slicing it.",
+    "Trains leave the central station every quarter hour during the morning rush.",
+    "She tuned the violin carefully before the concert began in the old hall.",
+]
+
+
+def _bank(name: str, home: Path, corpus: Path, anchor_dir: Path) -> Registry:
+    ingest(name, [corpus], anchor=str(anchor_dir), embedder="hash", tree=(2, 2), home=home)
+    return Registry.open(name, home)
+
+
+def test_pool_is_the_anchors_own_text_with_its_own_distributions(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    reg = _bank("a", home, corpus, tiny_anchor)
+    anchor = load_anchor(str(tiny_anchor), home)
+    assert prepare_pool(reg, anchor) > 0
+    assert prepare_pool(reg, anchor) == 0.0  # computed once per bank
+    rows = list(reg.db.query("select ids, topk_idx, topk_logp from preserve order by id"))
+    assert len(rows) == POOL
+    seqs = [np.frombuffer(r["ids"], dtype=np.int32).tolist() for r in rows]
+    assert all(len(s) == LENGTH for s in seqs)
+    assert len({tuple(s) for s in seqs}) == POOL  # sampled, not one greedy string
+    corpus_text = " ".join(w["text"] for w in reg.windows())
+    assert not any(anchor.tokenizer.decode(s) in corpus_text for s in seqs)  # no corpus text
+    for r, s in list(zip(rows, seqs, strict=True))[:4]:  # the stored teacher is the anchor alone
+        with torch.no_grad():
+            top = F.log_softmax(anchor.model(torch.tensor([s])).logits[0].float(), -1).topk(TOPK, dim=-1)
+        assert np.array_equal(np.frombuffer(r["topk_idx"], dtype=np.int32).reshape(LENGTH, TOPK), top.indices.numpy())
+        stored = np.frombuffer(r["topk_logp"], dtype=np.float32).reshape(LENGTH, TOPK)
+        assert np.allclose(stored, top.values.numpy(), atol=1e-4)
+    other = _bank("b", home, corpus, tiny_anchor)  # same seed, same pool: separate jobs agree
+    prepare_pool(other, anchor)
+    assert [r["ids"] for r in other.db.query("select ids from preserve order by id")] == [r["ids"] for r in rows]
+
+
+def test_preservation_samples_take_their_share_on_the_units_own_paths(
+    home: Path, corpus: Path, tiny_anchor: Path
+) -> None:
+    reg = _bank("s", home, corpus, tiny_anchor)
+    anchor = load_anchor(str(tiny_anchor), home)
+    prepare(reg, anchor)
+    prepare_pool(reg, anchor)
+    samples = load_samples(reg, anchor, "0", "distill")
+    tokens = sum(len(s.ids) for s in samples)
+    keep = preserve_samples(reg, "0", 0.5, samples, seed=0)
+    got = sum(len(s.ids) for s in keep)
+    assert 0.5 * tokens <= got < 0.5 * tokens + LENGTH
+    assert {s.kind for s in keep} == {"keep"} and all(s.n_prompt == 1 and s.doc_id == "" for s in keep)
+    assert {s.path for s in keep} <= {s.path for s in samples}
+    assert all(s.topk_idx is not None and s.topk_idx.shape == (LENGTH, TOPK) for s in keep)
+    assert preserve_samples(reg, "0", 0.0, samples, seed=0) == []
+    assert [s.key for s in preserve_samples(reg, "0", 0.5, samples, seed=0)] == [s.key for s in keep]  # seeded
+    everything = samples + keep
+    for batch in epoch_batches(everything, "0", 2, TrainConfig(), 0):  # one kind per batch
+        assert len({everything[i].kind for i in batch}) == 1
+
+
+def test_tail_loss_is_flat_where_the_student_is_the_teacher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Preservation matches the whole distribution (top-k plus the rest); renormalising the top-k
+    would keep pulling mass onto the top-k even from a student that already equals the teacher."""
+    import memctl.distill as distill
+
+    torch.manual_seed(0)
+    logits = torch.randn(5, 50) * 2
+    student = torch.nn.Linear(1, 1)  # stands for the model; its "logits" at position t are w[t]
+    student.w = torch.nn.Parameter(logits.clone())
+    monkeypatch.setattr(distill, "logits_at", lambda model, ids, mask, rows, cols, *rest: model.w[cols])
+    top = F.log_softmax(logits, -1).topk(8, dim=-1)
+    pos = torch.stack([torch.zeros(5, dtype=torch.long), torch.arange(5)], 1)
+    for tail, flat in ((True, True), (False, False)):
+        student.w.grad = None
+        loss = distill.kd_loss(student, torch.zeros(1, 5), torch.ones(1, 5), pos, top.indices, top.values, tail=tail)
+        loss.backward()
+        assert bool(student.w.grad.abs().max() < 1e-6) is flat
+
+
+def _kl_on(model: torch.nn.Module, handle, fetched, seqs: list[list[int]]) -> float:  # noqa: ANN001
+    ids = torch.tensor(seqs)
+    with torch.no_grad():
+        with handle.using(None):
+            base = F.log_softmax(model(ids).logits.float(), -1)
+        with handle.using(fetched):
+            mine = F.log_softmax(model(ids).logits.float(), -1)
+    return float((base.exp() * (base - mine)).sum(-1).mean())
+
+
+def test_preservation_undoes_damage_on_anchor_text_it_never_saw(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    from memctl.anchor import attach
+    from memctl.batches import batch_loss, collate
+    from memctl.memory import Fetched, LevelFetch
+    from memctl.preserve import sample_pool
+
+    reg = _bank("k", home, corpus, tiny_anchor)
+    anchor = load_anchor(str(tiny_anchor), home)
+    with torch.no_grad():  # a confident anchor, as real ones are: the random tiny one is nearly uniform
+        anchor.model.model.norm.weight.mul_(12.0)
+    prepare(reg, anchor)
+    prepare_pool(reg, anchor)
+    samples = load_samples(reg, anchor, "0", "distill")
+    share = POOL * LENGTH / sum(len(s.ids) for s in samples)  # the whole pool, once each
+    keep = preserve_samples(reg, "0", share, samples, seed=0)
+    assert len({s.key for s in keep}) == POOL
+    unseen = sample_pool(anchor, 16, seed=1234)  # anchor text that is not in the pool
+    assert not {tuple(s) for s in unseen} & {tuple(s.ids) for s in keep}
+    n, d = anchor.n_layers, anchor.hidden
+    g = torch.Generator().manual_seed(0)
+    block = {p: (torch.randn(1, n, 8, d, generator=g) * 0.15).requires_grad_(True) for p in ("gate", "up", "down")}
+    handle = attach(anchor.model, tuple(range(n)))
+
+    def fetched(b: int) -> Fetched:
+        return Fetched([LevelFetch(block["gate"], block["up"], block["down"], torch.zeros(b, dtype=torch.long))], b)
+
+    before = _kl_on(anchor.model, handle, fetched(len(unseen)), unseen)
+    opt = torch.optim.Adam(block.values(), lr=1e-2)
+    for step in range(60):
+        batch = [keep[(8 * step + i) % len(keep)] for i in range(8)]
+        ids, mask, labels = collate(batch, anchor.tokenizer.pad_token_id)
+        with handle.using(fetched(len(batch))):
+            loss = batch_loss(anchor.model, batch, ids, mask, labels, None, 0, False)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    after = _kl_on(anchor.model, handle, fetched(len(unseen)), unseen)
+    handle.detach()
+    assert before > 1.0 and after < 0.5 * before, (before, after)  # measured: 3.69 -> 1.30
+
+
+def test_training_with_preservation_keeps_provenance_to_documents(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    _bank("on", home, corpus, tiny_anchor)
+    res = train("on", {"epochs": 2, "objective": "distill", "preserve": 1.0}, home=home)
+    assert all(u.steps > 0 for u in res.units)
+    on = Registry.open("on", home)
+    assert on.count("preserve") == POOL
+    docs = {r["id"] for r in on.db.query("select id from documents")}
+    assert {r["doc_id"] for r in on.db.query("select distinct doc_id from block_docs")} <= docs
+    _bank("off", home, corpus, tiny_anchor)
+    train("off", {"epochs": 1, "objective": "distill", "preserve": 0.0}, home=home)
+    assert Registry.open("off", home).count("preserve") == 0  # off: no pool is made
