@@ -80,10 +80,12 @@ def prompt_samples(reg: Registry, unit: str) -> list[Sample]:
 def preserve_samples(reg: Registry, unit: str, share: float, samples: list[Sample], seed: int) -> list[Sample]:
     """Pool sequences (memctl.preserve) worth `share` of the unit's training tokens, each on a path
     drawn from the unit's own paths: every block of the unit learns to leave unrelated text alone."""
-    tokens = sum(len(s.ids) for s in samples)
-    pool = list(reg.db.query("select id, ids, topk_idx, topk_logp from preserve order by id"))
-    if share <= 0 or not samples or not pool:
+    if share <= 0 or not samples:
         return []
+    pool = list(reg.db.query("select id, ids, topk_idx, topk_logp from preserve order by id"))
+    if not pool:
+        return []
+    tokens = sum(len(s.ids) for s in samples)
     length = len(pool[0]["ids"]) // 4
     n = max(1, math.ceil(share * tokens / length))
     rng = np.random.default_rng(_unit_seed(seed, unit) + [7])
@@ -130,9 +132,7 @@ def epoch_batches(samples: list[Sample], unit: str, k: int, tcfg: TrainConfig, e
     # sort runs of 8 batches by length so little compute goes to padding; then shuffle the batches
     batches: list[list[int]] = []
     for kind in ("lm", "kd", "keep"):
-        bs = {"lm": tcfg.batch_size, "kd": tcfg.batch_size * tcfg.prompt_batch_factor, "keep": 2 * tcfg.batch_size}[
-            kind
-        ]
+        bs = tcfg.batch_size * {"lm": 1, "kd": tcfg.prompt_batch_factor, "keep": 2}[kind]
         mine = [i for i in order.tolist() if samples[i].kind == kind]
         for s in range(0, len(mine), 8 * bs):
             run = sorted(mine[s : s + 8 * bs], key=lambda i: len(samples[i].ids))

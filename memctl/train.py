@@ -133,7 +133,8 @@ def train_unit(
     opt = BlockAdamW(params.flat(), lr=tcfg.lr, betas=tcfg.betas, eps=tcfg.eps, weight_decay=tcfg.weight_decay)
     heldout = heldout_prompts(reg, name, exclude=exclude)
     ckpt = reg.checkpoint_dir() / f"unit-{name}.pt"
-    step, tokens, losses, keeps, seconds = 0, 0, [], [], 0.0
+    step, tokens, seconds = 0, 0, 0.0
+    losses: dict[str, list[float]] = {}  # by batch kind (lm, kd, keep): their losses differ in scale
     seen: dict[tuple[int, int], dict[str, int]] = {}  # (level, node) -> doc -> tokens trained
     scores: list[float] = []  # held-out prompt accuracy after each epoch
     if checkpoints and ckpt.exists():
@@ -143,7 +144,9 @@ def train_unit(
                 dst.copy_(src)
         opt.load_state_dict(state["opt"])
         step, tokens, losses, seconds = state["step"], state["tokens"], state["losses"], state["seconds"]
-        seen, scores, keeps = state["seen"], state["scores"], state.get("keeps", [])
+        seen, scores = state["seen"], state["scores"]
+        if isinstance(losses, list):  # a checkpoint from before losses were kept by kind
+            losses = {"all": losses}
     resumed_from = step
     pad = anchor.tokenizer.pad_token_id
     t_start = time.perf_counter() - seconds
@@ -155,7 +158,6 @@ def train_unit(
             "step": step,
             "tokens": tokens,
             "losses": losses,
-            "keeps": keeps,
             "seen": seen,
             "scores": scores,
             "unit": name,
@@ -185,7 +187,7 @@ def train_unit(
         opt.zero_grad()
         step += 1
         tokens += int(mask.sum())
-        (keeps if batch[0].keep else losses).append(float(loss.detach()))
+        losses.setdefault(batch[0].kind, []).append(float(loss.detach()))
         for smp in batch:
             if smp.keep:  # the anchor's own text: no document shaped the block through it
                 continue
@@ -211,7 +213,7 @@ def train_unit(
                     step,
                     total,
                     epoch,
-                    losses[-1] if losses else float("nan"),
+                    losses[batch[0].kind][-1],
                     tokens,
                     tokens / max(el, 1e-9),
                     scores[-1] if scores else None,
@@ -225,17 +227,23 @@ def train_unit(
         if stopped_early:
             break
     seconds = time.perf_counter() - t_start
-    first, last = _ends(losses)
-    res = UnitResult(name, step, tokens, first, last, seconds, resumed_from, scores, stopped_early, *_ends(keeps))
+    first, last = _ends({k: v for k, v in losses.items() if k != "keep"})
+    keep = _ends({"keep": losses.get("keep", [])})
+    res = UnitResult(name, step, tokens, first, last, seconds, resumed_from, scores, stopped_early, *keep)
     return TrainedUnit(res, unit, params, seen)
 
 
-def _ends(losses: list[float]) -> tuple[float, float]:
-    """Mean of the first and of the last 5% of the losses."""
-    if not losses:
+def _ends(losses: dict[str, list[float]]) -> tuple[float, float]:
+    """Mean of the first and of the last 5% of the losses of each batch kind, averaged over the kinds
+    (next-token and distillation losses differ in scale: first and last compare like with like)."""
+    ends = [
+        (float(np.mean(v[: max(1, len(v) // 20)])), float(np.mean(v[-max(1, len(v) // 20) :])))
+        for v in losses.values()
+        if v
+    ]
+    if not ends:
         return float("nan"), float("nan")
-    n = max(1, len(losses) // 20)
-    return float(np.mean(losses[:n])), float(np.mean(losses[-n:]))
+    return float(np.mean([f for f, _ in ends])), float(np.mean([la for _, la in ends]))
 
 
 MIN_HELDOUT_FOR_STOP = 20  # fewer held-out prompts are too noisy to stop on

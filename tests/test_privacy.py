@@ -125,10 +125,10 @@ def test_cache_respects_its_byte_budget_and_pins_shallow_levels(home: Path, bank
 def test_fetched_blocks_are_bit_identical_to_the_trained_parameters(
     home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import memctl.train as tr
+    import memctl.records as rec
 
     trained: dict[str, dict[str, torch.Tensor]] = {}
-    real = tr.write_unit
+    real = rec.write_unit
 
     def spy(reg, tu):  # noqa: ANN001, ANN202
         for pos, (level, first, _n) in enumerate(tu.unit.levels):
@@ -137,7 +137,7 @@ def test_fetched_blocks_are_bit_identical_to_the_trained_parameters(
                     trained[block_id(lvl, node)] = tu.params.block(pos, node - first)
         return real(reg, tu)
 
-    monkeypatch.setattr(tr, "write_unit", spy)
+    monkeypatch.setattr(rec, "write_unit", spy)
     ingest("t", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
     train("t", CFG, home=home)
     store = BlockStore(Registry.open("t", home))
