@@ -54,6 +54,13 @@ def window_samples(reg: Registry, anchor: Anchor, unit: str) -> list[Sample]:
     return out
 
 
+def _teacher(row: dict[str, Any], n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stored teacher's top-k at n_pos positions: (n_pos, k) int64 indices, float32 log-probabilities."""
+    idx = np.frombuffer(row["topk_idx"], dtype=np.int32).reshape(n_pos, -1).astype(np.int64)
+    logp = np.frombuffer(row["topk_logp"], dtype=np.float32).reshape(n_pos, -1).copy()
+    return torch.from_numpy(idx), torch.from_numpy(logp)
+
+
 def prompt_samples(reg: Registry, unit: str) -> list[Sample]:
     """Trained (not held-out) prompts of a unit: on the prompt's own route when it lies in the unit,
     and on its window's route when that lies in the unit and differs (both paths are trained)."""
@@ -64,9 +71,7 @@ def prompt_samples(reg: Registry, unit: str) -> list[Sample]:
     out = []
     for r in reg.db.query(sql + " order by p.id"):
         ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
-        n_pos = len(ids) - r["n_prompt"] + 1  # each answer token, and the token after the answer
-        idx = torch.from_numpy(np.frombuffer(r["topk_idx"], dtype=np.int32).reshape(n_pos, -1).astype(np.int64))
-        logp = torch.from_numpy(np.frombuffer(r["topk_logp"], dtype=np.float32).reshape(n_pos, -1).copy())
+        idx, logp = _teacher(r, len(ids) - r["n_prompt"] + 1)  # each answer token, and the one after
         paths = (
             [_path(r["path"])]
             if unit == GENERIC
@@ -95,8 +100,7 @@ def preserve_samples(reg: Registry, unit: str, share: float, samples: list[Sampl
     for i in picks.tolist():
         r = pool[i]
         ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
-        idx = torch.from_numpy(np.frombuffer(r["topk_idx"], dtype=np.int32).reshape(len(ids), -1).astype(np.int64))
-        logp = torch.from_numpy(np.frombuffer(r["topk_logp"], dtype=np.float32).reshape(len(ids), -1).copy())
+        idx, logp = _teacher(r, len(ids))  # every position
         path = paths[int(rng.integers(len(paths)))]
         out.append(Sample(f"k{r['id']}", "", ids, path, None, 1, idx, logp, keep=True))
     return out
@@ -107,14 +111,12 @@ def load_samples(reg: Registry, anchor: Anchor, unit: str, objective: str = "lm"
     distill, a window that yields no prompt (nothing salient to ask about) is learned next-token.
     Preservation samples (preserve_samples) come on top."""
     if objective == "lm":
-        samples = window_samples(reg, anchor, unit)
-    else:
-        windows = window_samples(reg, anchor, unit)
-        if objective == "distill":
-            prompted = {f"w{r['window_id']}" for r in reg.db.query("select distinct window_id from prompts")}
-            windows = [w for w in windows if w.key not in prompted]
-        samples = windows + prompt_samples(reg, unit)
-    return samples
+        return window_samples(reg, anchor, unit)
+    windows = window_samples(reg, anchor, unit)
+    if objective == "distill":
+        prompted = {f"w{r['window_id']}" for r in reg.db.query("select distinct window_id from prompts")}
+        windows = [w for w in windows if w.key not in prompted]
+    return windows + prompt_samples(reg, unit)
 
 
 def _unit_seed(seed: int, unit: str) -> list[int]:

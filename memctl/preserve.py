@@ -25,13 +25,13 @@ import torch
 import torch.nn.functional as F
 
 from .anchor import Anchor
+from .distill import TOPK  # the same top-k as the prompts' teacher
 from .registry import Registry
 
 POOL = 256  # sequences
 LENGTH = 64  # tokens each
 TOP_P = 0.95
 SEED = 0
-TOPK = 16
 Progress = Callable[[str, int, int], None]
 
 

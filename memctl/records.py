@@ -28,8 +28,9 @@ class UnitResult:
     resumed_from: int
     heldout: list[float] = field(default_factory=list)  # held-out prompt accuracy per epoch
     stopped_early: bool = False
-    # preservation loss (memctl.preserve; cross-entropy to the anchor, its entropy included), first
-    # and last 5% of its steps; loss_first/loss_last cover the learning batches only
+    # first and last 5% of the steps: loss_* over the learning batches (per batch kind, averaged
+    # over the kinds), preserve_* over the preservation batches (memctl.preserve; cross-entropy to
+    # the anchor, its entropy included)
     preserve_first: float = float("nan")
     preserve_last: float = float("nan")
 
