@@ -82,12 +82,16 @@ def prompt_samples(reg: Registry, unit: str) -> list[Sample]:
     return out
 
 
-def preserve_samples(reg: Registry, unit: str, share: float, samples: list[Sample], seed: int) -> list[Sample]:
+def preserve_samples(
+    reg: Registry, unit: str, share: float, samples: list[Sample], seed: int, pool_size: int
+) -> list[Sample]:
     """Pool sequences (memctl.preserve) worth `share` of the unit's training tokens, each on a path
-    drawn from the unit's own paths: every block of the unit learns to leave unrelated text alone."""
+    drawn from the unit's own paths: every block of the unit learns to leave unrelated text alone.
+    Only the pool's first `pool_size` sequences are used (a seeded pool's first n are the pool of n)."""
     if share <= 0 or not samples:
         return []
-    pool = list(reg.db.query("select id, ids, topk_idx, topk_logp from preserve order by id"))
+    sql = "select id, ids, topk_idx, topk_logp from preserve where id < ? order by id"
+    pool = list(reg.db.query(sql, [pool_size]))
     if not pool:
         return []
     tokens = sum(len(s.ids) for s in samples)

@@ -82,7 +82,7 @@ class TrainConfig:
     prompt_batch_factor: int = 4  # prompts are short: this many times more of them per step
     patience: int = 3  # stop a unit when held-out prompt accuracy has not improved for this many epochs
     preserve: float = 1.0  # share of a unit's tokens spent matching the anchor on its own text (memctl.preserve)
-    preserve_pool: int = 256  # sequences the anchor writes for it, once per bank
+    preserve_pool: int = 1024  # sequences the anchor writes for it, once per bank
 
     def validate(self) -> None:
         if self.epochs < 1:
@@ -94,7 +94,7 @@ class TrainConfig:
         if not 0 <= self.preserve <= 4:
             raise InputError(f"--preserve must be between 0 and 4, got {self.preserve}")
         if self.preserve_pool < 1:
-            raise InputError("the preservation pool needs at least one sequence")
+            raise InputError(f"--preserve-pool must be at least 1, got {self.preserve_pool}")
         if self.objective not in ("lm", "distill", "mix"):
             raise InputError(f"--objective must be lm, distill or mix, got {self.objective!r}")
 

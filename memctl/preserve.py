@@ -3,16 +3,22 @@
 Distillation teaches a block to answer questions about its cluster; nothing in it says what the
 block should do on text about something else, and a fetched memory is applied to whatever the
 context routed to it. Left alone, memories made unrelated held-out text 7.6% less likely on the
-elements example (`memctl eval --perplexity`), against a 2% bar; with preservation at the default
-share it is 3.0% (README, eval results).
+elements example (`memctl eval --perplexity`, Python docstrings), against a 2% bar.
 
 The fix is one more distillation target, from the anchor itself: a pool of text the anchor writes
-on its own (sampled from its beginning-of-sequence token, with a fixed seed), with the anchor's own
-top-k next-token distributions at every position. While a unit trains, a share of its tokens
-(`TrainConfig.preserve`) goes to pool sequences, each on a random path of the unit, where the
-student (anchor + memories) must match the anchor alone. This is on-policy: the text is what the
-anchor itself finds likely, so matching it costs the anchor nothing, and it contains no corpus text
-(nothing to forget). The pool and its teacher are computed once per bank and stored in the registry.
+on its own (with a fixed seed), with the anchor's own top-k next-token distributions at every
+position. While a unit trains, a share of its tokens (`TrainConfig.preserve`) goes to pool
+sequences, each on a random path of the unit, where the student (anchor + memories) must match the
+anchor alone. This is on-policy: the text is what the anchor itself finds likely, so matching it
+costs the anchor nothing, and it contains no corpus text (nothing to forget). The pool and its
+teacher are computed once per bank and stored in the registry.
+
+What the pool covers decides what is preserved (measured on the docstrings, fetched memories of the
+two subtrees they route to): 256 sequences from beginning-of-sequence alone, where this anchor
+writes prose, left +2.9% (and doubling the share did not help); opening each sequence on a random
+vocabulary token, so the pool holds code, lists and names too, left +2.4%; 1,024 of those, +1.9%
+(whole documents; `memctl eval`, which scores window-sized chunks, measured +3.0% and +1.99% on the
+first and last bank).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from .anchor import Anchor
 from .distill import TOPK  # the same top-k as the prompts' teacher
 from .registry import Registry
 
-POOL = 256  # sequences
+POOL = 1024  # sequences
 LENGTH = 64  # tokens each
 TOP_P = 0.95
 SEED = 0
@@ -37,18 +43,33 @@ Progress = Callable[[str, int, int], None]
 
 @torch.no_grad()
 def sample_pool(
-    anchor: Anchor, n: int = POOL, length: int = LENGTH, seed: int = SEED, batch: int = 32
+    anchor: Anchor,
+    n: int = POOL,
+    length: int = LENGTH,
+    seed: int = SEED,
+    batch: int = 128,  # part of the seed: another batch size samples another pool
+    start: str = "token",
+    done: Callable[[int], None] | None = None,
 ) -> list[list[int]]:
-    """n sequences of `length` tokens the anchor writes from its beginning-of-sequence token
-    (nucleus sampling at temperature 1: the anchor's own distribution, without its far tail)."""
+    """n sequences of `length` tokens the anchor writes (nucleus sampling at temperature 1: its own
+    distribution without the far tail). start="token": each sequence opens with one token drawn
+    uniformly from the vocabulary (special tokens aside) and the anchor writes the rest, so the pool
+    covers code, lists, names and other languages; start="bos": from beginning-of-sequence alone,
+    where this anchor writes mostly prose (measured: it left 2.9% damage on Python docstrings).
+    `done(count)` is called after each batch."""
+    if start not in ("token", "bos"):
+        raise ValueError(f"start must be 'token' or 'bos', not {start!r}")
     tok, model = anchor.tokenizer, anchor.model
-    start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    vocab = np.setdiff1d(np.arange(min(len(tok), model.config.vocab_size)), np.asarray(tok.all_special_ids))
+    firsts = np.random.default_rng(seed).choice(vocab, size=n).tolist()
+    opening = 2 if start == "token" else 1  # tokens given before the anchor writes
     out: list[list[int]] = []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for s in range(0, n, batch):
             b = min(batch, n - s)
-            ids = torch.full((b, 1), int(start), dtype=torch.long)
+            ids = torch.tensor([[int(bos), firsts[s + i]] if opening == 2 else [int(bos)] for i in range(b)])
             gen = model.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),
@@ -56,11 +77,13 @@ def sample_pool(
                 temperature=1.0,
                 top_p=TOP_P,
                 top_k=0,
-                max_new_tokens=length,
-                min_new_tokens=length,
-                pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else int(start),
+                max_new_tokens=length + 1 - opening,
+                min_new_tokens=length + 1 - opening,
+                pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else int(bos),
             )
             out.extend(row[1 : 1 + length].tolist() for row in gen)
+            if done:
+                done(len(out))
     return out
 
 
@@ -87,7 +110,9 @@ def prepare_pool(reg: Registry, anchor: Anchor, progress: Progress | None = None
     t0 = time.perf_counter()
     if progress:
         progress("preserve", 0, n)
-    seqs = sample_pool(anchor, n, seed=reg.config.seed + SEED)
+    seqs = sample_pool(  # the teacher pass after it takes about a tenth of the time
+        anchor, n, seed=reg.config.seed + SEED, done=(lambda k: progress("preserve", k, n)) if progress else None
+    )
     tops = anchor_topk(anchor, seqs)
     rows = [
         {"id": i, "ids": np.asarray(x, np.int32).tobytes(), "topk_idx": ti.tobytes(), "topk_logp": tl.tobytes()}

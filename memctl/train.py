@@ -119,7 +119,7 @@ def train_unit(
     cfg = reg.config
     unit = unit_of(cfg, name)
     samples = [s for s in load_samples(reg, anchor, name, tcfg.objective) if s.doc_id not in exclude]
-    samples += preserve_samples(reg, name, tcfg.preserve, samples, tcfg.seed)
+    samples += preserve_samples(reg, name, tcfg.preserve, samples, tcfg.seed, tcfg.preserve_pool)
     params = UnitParams(cfg, unit)
     if not samples:
         return TrainedUnit(UnitResult(name, 0, 0, float("nan"), float("nan"), 0.0, 0), unit, params, {})

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -26,6 +27,18 @@ TOPICS = {
         "The whale is the largest animal in the sea.",
     ],
 }
+
+
+@pytest.fixture(autouse=True)
+def _small_preservation_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training here makes a 64-sequence preservation pool, not the default 1,024: sampling that
+    many on the tiny model costs ~10 s per bank, and only test_preserve is about the pool."""
+    from memctl.config import TrainConfig
+
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    defaults = list(TrainConfig.__init__.__defaults__ or ())
+    defaults[len(defaults) - len(names) + names.index("preserve_pool")] = 64
+    monkeypatch.setattr(TrainConfig.__init__, "__defaults__", tuple(defaults))
 
 
 @pytest.fixture(scope="session")

@@ -145,5 +145,6 @@ def test_bad_input_to_an_existing_bank_changes_nothing(
     one_error_line(invoke("ingest", str(good), str(tmp_path / "latin.txt"), "--bank", "b"))
     one_error_line(invoke("ingest", str(good), "--bank", "b", "--tree", "3,3"))
     one_error_line(invoke("train", "--bank", "b", "--epochs", "0"))
+    assert "--preserve-pool" in one_error_line(invoke("train", "--bank", "b", "--preserve-pool", "0"))
     one_error_line(invoke("ask", "", "--bank", "b"))
     assert tree_digest(home / "banks") == before

@@ -24,8 +24,8 @@ from memctl.merge import merge, train_out
 from memctl.registry import Registry
 from memctl.train import train
 
-CFG = {"epochs": 2, "batch_size": 2, "objective": "mix"}  # windows and prompts both train
-FLAGS = ["--epochs", "2", "--batch-size", "2", "--objective", "mix"]
+CFG = {"epochs": 2, "batch_size": 2, "objective": "mix", "preserve_pool": 64}  # windows and prompts both train
+FLAGS = ["--epochs", "2", "--batch-size", "2", "--objective", "mix", "--preserve-pool", "64"]
 
 
 def _blocks(reg: Registry) -> dict[str, dict[str, torch.Tensor]]:
@@ -211,7 +211,7 @@ def test_an_error_on_a_rank_is_reported_by_rank_0(home: Path, corpus: Path, tiny
     env = {**os.environ, "MEMCTL_HOME": str(home), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
     proc = subprocess.run(
-        [*cmd, "train", "--bank", "b", "--epochs", "1", "--objective", "lm"],
+        [*cmd, "train", "--bank", "b", "--epochs", "1", "--objective", "lm", "--preserve-pool", "64"],
         env=env,
         capture_output=True,
         text=True,

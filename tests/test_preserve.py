@@ -14,9 +14,11 @@ from memctl.bank import ingest
 from memctl.batches import epoch_batches, load_samples, preserve_samples
 from memctl.config import TrainConfig
 from memctl.distill import prepare
-from memctl.preserve import LENGTH, POOL, TOPK, prepare_pool
+from memctl.preserve import LENGTH, TOPK, prepare_pool
 from memctl.registry import Registry
 from memctl.train import train
+
+POOL = 256  # pools made here directly (the default, memctl.preserve.POOL, is larger: slow on the tiny model)
 
 UNRELATED = [
     "The committee will meet on Thursday to review the budget for the new library wing.",
@@ -34,13 +36,16 @@ def _bank(name: str, home: Path, corpus: Path, anchor_dir: Path) -> Registry:
 def test_pool_is_the_anchors_own_text_with_its_own_distributions(home: Path, corpus: Path, tiny_anchor: Path) -> None:
     reg = _bank("a", home, corpus, tiny_anchor)
     anchor = load_anchor(str(tiny_anchor), home)
-    assert prepare_pool(reg, anchor) > 0
-    assert prepare_pool(reg, anchor) == 0.0  # computed once per bank
+    assert prepare_pool(reg, anchor, n=POOL) > 0
+    assert prepare_pool(reg, anchor, n=POOL) == 0.0  # computed once per bank
     rows = list(reg.db.query("select ids, topk_idx, topk_logp from preserve order by id"))
     assert len(rows) == POOL
     seqs = [np.frombuffer(r["ids"], dtype=np.int32).tolist() for r in rows]
     assert all(len(s) == LENGTH for s in seqs)
     assert len({tuple(s) for s in seqs}) == POOL  # sampled, not one greedy string
+    special = set(anchor.tokenizer.all_special_ids)
+    assert not {s[0] for s in seqs} & special  # each opens on an ordinary vocabulary token...
+    assert len({s[0] for s in seqs}) > POOL // 2  # ...drawn across the vocabulary, not one start
     corpus_text = " ".join(w["text"] for w in reg.windows())
     assert not any(anchor.tokenizer.decode(s) in corpus_text for s in seqs)  # no corpus text
     for r, s in list(zip(rows, seqs, strict=True))[:4]:  # the stored teacher is the anchor alone
@@ -50,8 +55,22 @@ def test_pool_is_the_anchors_own_text_with_its_own_distributions(home: Path, cor
         stored = np.frombuffer(r["topk_logp"], dtype=np.float32).reshape(LENGTH, TOPK)
         assert np.allclose(stored, top.values.numpy(), atol=1e-4)
     other = _bank("b", home, corpus, tiny_anchor)  # same seed, same pool: separate jobs agree
-    prepare_pool(other, anchor)
+    prepare_pool(other, anchor, n=POOL)
     assert [r["ids"] for r in other.db.query("select ids from preserve order by id")] == [r["ids"] for r in rows]
+
+
+def test_pool_openings_are_seeded_and_bos_pools_are_the_anchors_start(tiny_anchor: Path, home: Path) -> None:
+    from memctl.preserve import sample_pool
+
+    anchor = load_anchor(str(tiny_anchor), home)
+    a = sample_pool(anchor, 8, length=12, seed=5)
+    assert a == sample_pool(anchor, 8, length=12, seed=5)  # seeded
+    assert [s[0] for s in a] != [s[0] for s in sample_pool(anchor, 8, length=12, seed=6)]
+    bos = sample_pool(anchor, 8, length=12, seed=5, start="bos")
+    assert all(len(s) == 12 for s in bos) and bos != a
+    assert sample_pool(anchor, 3, length=12, seed=5) == a[:3]  # the first n of a pool are the pool of n
+    with pytest.raises(ValueError, match="start"):
+        sample_pool(anchor, 1, start="middle")
 
 
 def test_preservation_samples_take_their_share_on_the_units_own_paths(
@@ -60,17 +79,19 @@ def test_preservation_samples_take_their_share_on_the_units_own_paths(
     reg = _bank("s", home, corpus, tiny_anchor)
     anchor = load_anchor(str(tiny_anchor), home)
     prepare(reg, anchor)
-    prepare_pool(reg, anchor)
+    prepare_pool(reg, anchor, n=POOL)
     samples = load_samples(reg, anchor, "0", "distill")
     tokens = sum(len(s.ids) for s in samples)
-    keep = preserve_samples(reg, "0", 0.5, samples, seed=0)
+    keep = preserve_samples(reg, "0", 0.5, samples, 0, POOL)
     got = sum(len(s.ids) for s in keep)
     assert 0.5 * tokens <= got < 0.5 * tokens + LENGTH
     assert {s.kind for s in keep} == {"keep"} and all(s.n_prompt == 1 and s.doc_id == "" for s in keep)
     assert {s.path for s in keep} <= {s.path for s in samples}
     assert all(s.topk_idx is not None and s.topk_idx.shape == (LENGTH, TOPK) for s in keep)
-    assert preserve_samples(reg, "0", 0.0, samples, seed=0) == []
-    assert [s.key for s in preserve_samples(reg, "0", 0.5, samples, seed=0)] == [s.key for s in keep]  # seeded
+    small = preserve_samples(reg, "0", 0.5, samples, 0, 16)  # --preserve-pool 16: the pool's first 16
+    assert {s.key for s in small} <= {f"k{i}" for i in range(16)} and len(small) == len(keep)
+    assert preserve_samples(reg, "0", 0.0, samples, 0, POOL) == []
+    assert [s.key for s in preserve_samples(reg, "0", 0.5, samples, 0, POOL)] == [s.key for s in keep]  # seeded
     everything = samples + keep
     for batch in epoch_batches(everything, "0", 2, TrainConfig(), 0):  # one kind per batch
         assert len({everything[i].kind for i in batch}) == 1
@@ -116,10 +137,10 @@ def test_preservation_undoes_damage_on_anchor_text_it_never_saw(home: Path, corp
     with torch.no_grad():  # a confident anchor, as real ones are: the random tiny one is nearly uniform
         anchor.model.model.norm.weight.mul_(12.0)
     prepare(reg, anchor)
-    prepare_pool(reg, anchor)
+    prepare_pool(reg, anchor, n=POOL)
     samples = load_samples(reg, anchor, "0", "distill")
     share = POOL * LENGTH / sum(len(s.ids) for s in samples)  # the whole pool, once each
-    keep = preserve_samples(reg, "0", share, samples, seed=0)
+    keep = preserve_samples(reg, "0", share, samples, 0, POOL)
     assert len({s.key for s in keep}) == POOL
     unseen = sample_pool(anchor, 16, seed=1234)  # anchor text that is not in the pool
     assert not {tuple(s) for s in unseen} & {tuple(s.ids) for s in keep}
@@ -143,7 +164,7 @@ def test_preservation_undoes_damage_on_anchor_text_it_never_saw(home: Path, corp
         opt.step()
     after = _kl_on(anchor.model, handle, fetched(len(unseen)), unseen)
     handle.detach()
-    assert before > 1.0 and after < 0.5 * before, (before, after)  # measured: 3.69 -> 1.30
+    assert before > 1.0 and after < 0.5 * before, (before, after)  # measured: 3.91 -> 1.44
 
 
 def test_training_with_preservation_keeps_provenance_to_documents(home: Path, corpus: Path, tiny_anchor: Path) -> None:
@@ -151,7 +172,7 @@ def test_training_with_preservation_keeps_provenance_to_documents(home: Path, co
     res = train("on", {"epochs": 2, "objective": "distill", "preserve": 1.0}, home=home)
     assert all(u.steps > 0 for u in res.units)
     on = Registry.open("on", home)
-    assert on.count("preserve") == POOL
+    assert on.count("preserve") == TrainConfig().preserve_pool  # the configured pool (conftest: small)
     docs = {r["id"] for r in on.db.query("select id from documents")}
     assert {r["doc_id"] for r in on.db.query("select distinct doc_id from block_docs")} <= docs
     _bank("off", home, corpus, tiny_anchor)

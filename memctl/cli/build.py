@@ -119,6 +119,13 @@ def train(
             "so memories leave unrelated text alone; 0 turns it off (default 1)."
         ),
     ] = None,
+    preserve_pool: Annotated[
+        int | None,
+        typer.Option(
+            help="Sequences the anchor writes for preservation, once per bank (default 1024; "
+            "fewer is quicker to make and preserves less)."
+        ),
+    ] = None,
     subtree: Annotated[int | None, typer.Option(help="Train only this level-1 subtree (an isolated unit).")] = None,
     retrain: Annotated[bool, typer.Option(help="Retrain units that are already trained.")] = False,
     restart: Annotated[bool, typer.Option(help="Drop interrupted checkpoints and start over.")] = False,
@@ -146,6 +153,7 @@ def train(
         "objective": objective,
         "patience": patience,
         "preserve": preserve,
+        "preserve_pool": preserve_pool,
     }
     if out_dir is not None or generic:
         train_out_command(bank, out_dir, overrides, subtree, generic, restart, as_json)
