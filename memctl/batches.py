@@ -87,7 +87,7 @@ def preserve_samples(
 ) -> list[Sample]:
     """Pool sequences (memctl.preserve) worth `share` of the unit's training tokens, each on a path
     drawn from the unit's own paths: every block of the unit learns to leave unrelated text alone.
-    Only the pool's first `pool_size` sequences are used (a seeded pool's first n are the pool of n)."""
+    Only the pool's first `pool_size` sequences are used (`train --preserve-pool`)."""
     if share <= 0 or not samples:
         return []
     sql = "select id, ids, topk_idx, topk_logp from preserve where id < ? order by id"
