@@ -26,12 +26,14 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from .config import TrainConfig, train_config_from_json
 from .errors import InputError, MemctlError
 from .evaluate import evaluate
+from .preserve import prepare_pool
 from .privacy import check_docs, doc_blocks, parse_tags
 from .probes import Probe, is_correct
 from .proof import MIN_REFERENCES, DocText, baseline, gains, judge, measure, zscores
@@ -292,6 +294,9 @@ def forget(
         if plan.mode == "exact":
             units = _units_with_data(reg, plan.units)
             objective = unit_config(reg, units[0]).objective if units else "lm"
+            pool = max((c.preserve_pool for c in map(partial(unit_config, reg), units) if c.preserve > 0), default=0)
+            if pool:  # a merged bank has no pool yet: make the one its jobs made (seeded, deterministic)
+                prepare_pool(reg, session.anchor, None, pool)
             split_head = head_split_ok(reg, session.anchor, units, objective)
             with sigint_flag() as flag:
                 for i, u in enumerate(units):

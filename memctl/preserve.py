@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -62,7 +63,11 @@ def sample_pool(
     tok, model = anchor.tokenizer, anchor.model
     bos = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
     vocab = np.setdiff1d(np.arange(min(len(tok), model.config.vocab_size)), np.asarray(tok.all_special_ids))
-    firsts = np.random.default_rng(seed).choice(vocab, size=n).tolist()
+    firsts = np.random.default_rng(seed).choice(vocab, size=n)
+    marked = np.asarray(sorted(special_ids(tok)))  # also added tokens marked special (<file_sep>, ...)
+    for i in np.flatnonzero(np.isin(firsts, marked)):  # redrawn, each on its own seed
+        firsts[i] = np.random.default_rng([seed, int(i)]).choice(np.setdiff1d(vocab, marked))
+    firsts = firsts.tolist()
     opening = 2 if start == "token" else 1  # tokens given before the anchor writes
     out: list[list[int]] = []
     with torch.random.fork_rng(devices=[]):
@@ -85,6 +90,12 @@ def sample_pool(
             if done:
                 done(len(out))
     return out
+
+
+def special_ids(tok: Any) -> set[int]:
+    """Every special token: the special-tokens map and added tokens marked special."""
+    added = getattr(tok, "added_tokens_decoder", {}) or {}
+    return set(tok.all_special_ids) | {int(i) for i, t in added.items() if getattr(t, "special", False)}
 
 
 @torch.no_grad()

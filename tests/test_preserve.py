@@ -14,7 +14,7 @@ from memctl.bank import ingest
 from memctl.batches import epoch_batches, load_samples, preserve_samples
 from memctl.config import TrainConfig
 from memctl.distill import prepare
-from memctl.preserve import LENGTH, TOPK, prepare_pool
+from memctl.preserve import LENGTH, TOPK, prepare_pool, special_ids
 from memctl.registry import Registry
 from memctl.train import train
 
@@ -43,7 +43,7 @@ def test_pool_is_the_anchors_own_text_with_its_own_distributions(home: Path, cor
     seqs = [np.frombuffer(r["ids"], dtype=np.int32).tolist() for r in rows]
     assert all(len(s) == LENGTH for s in seqs)
     assert len({tuple(s) for s in seqs}) == POOL  # sampled, not one greedy string
-    special = set(anchor.tokenizer.all_special_ids)
+    special = special_ids(anchor.tokenizer)
     assert not {s[0] for s in seqs} & special  # each opens on an ordinary vocabulary token...
     assert len({s[0] for s in seqs}) > POOL // 2  # ...drawn across the vocabulary, not one start
     corpus_text = " ".join(w["text"] for w in reg.windows())
@@ -179,3 +179,14 @@ def test_training_with_preservation_keeps_provenance_to_documents(home: Path, co
     _bank("off", home, corpus, tiny_anchor)
     train("off", {"epochs": 1, "objective": "distill", "preserve": 0.0}, home=home)
     assert Registry.open("off", home).count("preserve") == 0  # off: no pool is made
+
+
+def test_special_ids_include_added_tokens_marked_special() -> None:
+    from tokenizers import AddedToken
+
+    class Tok:  # SmolLM2 marks <file_sep>, <jupyter_*>, ... special outside its special-tokens map
+        all_special_ids = [0]
+        added_tokens_decoder = {0: AddedToken("<s>", special=True), 5: AddedToken("<x>", special=True),
+                                6: AddedToken("word", special=False)}  # fmt: skip
+
+    assert special_ids(Tok()) == {0, 5}
