@@ -296,7 +296,7 @@ def forget(
             objective = unit_config(reg, units[0]).objective if units else "lm"
             pool = max((c.preserve_pool for c in map(partial(unit_config, reg), units) if c.preserve > 0), default=0)
             if pool:  # a merged bank has no pool yet: make the one its jobs made (seeded, deterministic)
-                prepare_pool(reg, session.anchor, None, pool)
+                prepare_pool(reg, session.anchor, progress, pool)
             split_head = head_split_ok(reg, session.anchor, units, objective)
             with sigint_flag() as flag:
                 for i, u in enumerate(units):
