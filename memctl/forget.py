@@ -26,7 +26,6 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -293,15 +292,16 @@ def forget(
         trained: list[TrainedUnit] = []
         if plan.mode == "exact":
             units = _units_with_data(reg, plan.units)
-            objective = unit_config(reg, units[0]).objective if units else "lm"
-            pool = max((c.preserve_pool for c in map(partial(unit_config, reg), units) if c.preserve > 0), default=0)
+            configs = [unit_config(reg, u) for u in units]  # each unit retrains as it was last trained
+            objective = configs[0].objective if configs else "lm"
+            pool = max((c.preserve_pool for c in configs if c.preserve > 0), default=0)
             if pool:  # a merged bank has no pool yet: make the one its jobs made (seeded, deterministic)
                 prepare_pool(reg, session.anchor, progress, pool)
             split_head = head_split_ok(reg, session.anchor, units, objective)
             with sigint_flag() as flag:
-                for i, u in enumerate(units):
+                for i, (u, tcfg) in enumerate(zip(units, configs, strict=True)):
                     tu = train_unit(
-                        reg, session.anchor, session.handle, u, unit_config(reg, u), i, len(units),
+                        reg, session.anchor, session.handle, u, tcfg, i, len(units),
                         train_progress, flag, None, split_head, exclude=frozenset(ids), checkpoints=False,
                     )  # fmt: skip
                     if tu is None:

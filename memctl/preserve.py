@@ -65,16 +65,15 @@ def sample_pool(
     vocab = np.setdiff1d(np.arange(min(len(tok), model.config.vocab_size)), np.asarray(tok.all_special_ids))
     firsts = np.random.default_rng(seed).choice(vocab, size=n)
     marked = np.asarray(sorted(special_ids(tok)))  # also added tokens marked special (<file_sep>, ...)
+    clean = np.setdiff1d(vocab, marked)
     for i in np.flatnonzero(np.isin(firsts, marked)):  # redrawn, each on its own seed
-        firsts[i] = np.random.default_rng([seed, int(i)]).choice(np.setdiff1d(vocab, marked))
-    firsts = firsts.tolist()
-    opening = 2 if start == "token" else 1  # tokens given before the anchor writes
+        firsts[i] = np.random.default_rng([seed, int(i)]).choice(clean)
+    opening = [[int(bos), int(f)] if start == "token" else [int(bos)] for f in firsts]  # given, not written
     out: list[list[int]] = []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for s in range(0, n, batch):
-            b = min(batch, n - s)
-            ids = torch.tensor([[int(bos), firsts[s + i]] if opening == 2 else [int(bos)] for i in range(b)])
+            ids = torch.tensor(opening[s : s + batch])
             gen = model.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),
@@ -82,8 +81,8 @@ def sample_pool(
                 temperature=1.0,
                 top_p=TOP_P,
                 top_k=0,
-                max_new_tokens=length + 1 - opening,
-                min_new_tokens=length + 1 - opening,
+                max_new_tokens=length + 1 - ids.shape[1],
+                min_new_tokens=length + 1 - ids.shape[1],
                 pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else int(bos),
             )
             out.extend(row[1 : 1 + length].tolist() for row in gen)
