@@ -172,6 +172,14 @@ def kd_targets(batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return torch.tensor(pos, dtype=torch.long), torch.cat(idx), torch.cat(logp)
 
 
+def loss_positions(batch: list[Sample]) -> int:
+    """How many positions `batch_loss` averages over: every next-token position of an `lm` window, the
+    answer positions of a prompt (`kd`, `keep`)."""
+    if batch[0].kind == "lm":
+        return sum(len(s.ids) - 1 for s in batch)
+    return sum(int(s.topk_idx.shape[0]) for s in batch if s.topk_idx is not None)
+
+
 def batch_loss(
     model: Any,
     batch: list[Sample],

@@ -5,8 +5,11 @@ single process would. Unit i of the sorted to-do list goes to rank i % WORLD_SIZ
 writes the registry: it checks the request, prepares prompts and the teacher cache, tells every rank
 the configuration and the to-do list, trains its own units, and commits the units the other ranks send
 it (their trained tensors, over torch.distributed) one transaction per unit, as `memctl train` does.
-Checkpoints stay per unit, written by the rank that trains it. Data-parallel training inside one unit
-is not implemented: ranks beyond the number of units idle.
+Checkpoints stay per unit, written by the rank that trains it.
+
+With `dp` above 1 the ranks form WORLD_SIZE / dp groups of dp consecutive ranks; unit i goes to group
+i % groups, whose ranks train it together, data-parallel (memctl.dataparallel), and whose first rank
+(the leader) sends it to rank 0. Without it, ranks beyond the number of units idle.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch.distributed as dist
 from . import errors
 from .anchor import attach
 from .config import TrainConfig, train_config_from_json
+from .dataparallel import DataParallel, check_dp, make_groups
 from .errors import InputError, MemctlError
 from .records import TrainedUnit, commit_unit, start_run, stop_run
 from .registry import Registry, dumps, memctl_home
@@ -153,10 +157,13 @@ def train_distributed(
     home: Path | None = None,
     progress: Callable[[TrainEvent], None] | None = None,
     max_steps: int | None = None,
+    dp: int = 1,
 ) -> TrainResult:
     """`memctl train` on one rank of a torchrun job (see the module docstring)."""
     home = home or memctl_home()
+    check_dp(dp, world.size)
     with process_group(world):
+        group = make_groups(world.size, dp, world.rank)
         reg, anchor, handle, result = None, None, None, TrainResult(bank=name, rank=world.rank, world=world.size)
         plan = _Plan("", [], [])
         try:
@@ -181,15 +188,19 @@ def train_distributed(
                 _raise(plan.error)
             result.skipped = plan.done
             tcfg = train_config_from_json(plan.tcfg)
-            result.assigned = share(plan.todo, world.size)[world.rank]
+            result.assigned = share(plan.todo, world.size // dp)[world.rank // dp]
+            result.dp = dp
             if not plan.todo:
                 return result
             with sigint_flag() as flag:
                 if world.rank == 0:
                     assert reg is not None
-                    _train_main(reg, anchor, handle, tcfg, plan, world, result, flag, progress, max_steps)
+                    _train_main(reg, anchor, handle, tcfg, plan, world, result, flag, progress, max_steps, group)
                 elif result.assigned:
-                    _train_worker(name, home, tcfg, plan, result, flag, progress, max_steps)
+                    _train_worker(name, home, tcfg, plan, result, flag, progress, max_steps, group)
+            if group is not None:
+                result.dp_steps, result.dp_bytes = group.steps, group.bytes_reduced
+                result.dp_dense_bytes = group.bytes_dense
             if result.interrupted and flag["stop"]:
                 raise TrainingInterrupted(INTERRUPTED)
             return result
@@ -215,10 +226,15 @@ def _train_worker(
     flag: dict[str, bool],
     progress: Callable[[TrainEvent], None] | None,
     max_steps: int | None,
+    group: DataParallel | None,
 ) -> None:
     """A rank above 0: train its units (reading the registry, never writing it) and send each to rank 0:
     ("done", TrainedUnit), ("stopped", None), ("error", (class, message)), or ("skipped", None) for the
-    units after a stop or an error. Rank 0 receives exactly one message per unit, whatever happens."""
+    units after a stop or an error. Rank 0 receives exactly one message per unit, whatever happens.
+    A rank that is not its group's leader trains alongside the leader and sends nothing."""
+    send = group is None or group.leader
+    if not send:
+        progress = None  # the leader reports the unit's progress
     pending: list[Any] = []
     stop: tuple[str, Any] | None = None
     reg, handle = None, None
@@ -226,7 +242,8 @@ def _train_worker(
         for unit in result.assigned:
             no = plan.todo.index(unit)
             if stop is not None:
-                pending += send_message(("skipped", None), no)
+                if send:
+                    pending += send_message(("skipped", None), no)
                 continue
             try:
                 if reg is None:
@@ -236,22 +253,26 @@ def _train_worker(
                     handle = attach(anchor.model, reg.config.memory.layers)
                     _keep_freed_memory()
                 tu = train_unit(
-                    reg, anchor, handle, unit, tcfg, no, len(plan.todo), progress, flag, max_steps, plan.split_head
-                )
+                    reg, anchor, handle, unit, tcfg, no, len(plan.todo), progress, flag, max_steps, plan.split_head,
+                    dp=group,
+                )  # fmt: skip
             except MemctlError as e:
                 stop = ("error", (type(e).__name__, str(e)))
             except Exception as e:
                 stop = ("error", ("MemctlError", f"{type(e).__name__}: {e}"))
             if stop is not None:
-                pending += send_message(stop, no)
+                if send:
+                    pending += send_message(stop, no)
                 continue
             if tu is None:
                 result.interrupted = True
-                pending += send_message(("stopped", None), no)
+                if send:
+                    pending += send_message(("stopped", None), no)
                 if flag["stop"]:
                     stop = ("stopped", None)
                 continue
-            pending += send_message(("done", tu), no)
+            if send:
+                pending += send_message(("done", tu), no)
             result.units.append(tu.result)
     finally:
         for w in pending:
@@ -276,23 +297,29 @@ def _train_main(
     flag: dict[str, bool],
     progress: Callable[[TrainEvent], None] | None,
     max_steps: int | None,
+    group: DataParallel | None,
 ) -> None:
-    """Rank 0: train its own units, then commit those of every other rank, one transaction each."""
+    """Rank 0: train its own units (with its group), then commit those of every other group's leader,
+    one transaction each."""
     n = len(plan.todo)
+    dp = 1 if group is None else group.size
     for unit in result.assigned:
-        if flag["stop"]:
+        if group is None and flag["stop"]:  # a group stops together, inside train_unit
             break
         no = plan.todo.index(unit)
         run_id = start_run(reg, unit, tcfg)
-        tu = train_unit(reg, anchor, handle, unit, tcfg, no, n, progress, flag, max_steps, plan.split_head)
+        tu = train_unit(reg, anchor, handle, unit, tcfg, no, n, progress, flag, max_steps, plan.split_head, dp=group)
         if tu is None:
             stop_run(reg, run_id)
             result.interrupted = True
+            if flag["stop"] and group is not None:
+                break
             continue
         result.units.append(commit_unit(reg, tu, run_id))
     failure: tuple[str, str] | None = None
-    for rank, units in enumerate(share(plan.todo, world.size)):
-        for unit in units if rank > 0 else []:
+    for g, units in enumerate(share(plan.todo, world.size // dp)):
+        rank = g * dp  # the group's leader
+        for unit in units if g > 0 else []:
             kind, body = recv_message(rank, plan.todo.index(unit))
             if kind == "done":
                 tu: TrainedUnit = body

@@ -23,8 +23,17 @@ import numpy as np
 import torch
 
 from .anchor import Anchor, attach, load_anchor
-from .batches import batch_loss, build_prefix_cache, collate, epoch_batches, load_samples, preserve_samples
+from .batches import (
+    batch_loss,
+    build_prefix_cache,
+    collate,
+    epoch_batches,
+    load_samples,
+    loss_positions,
+    preserve_samples,
+)
 from .config import TrainConfig, train_config_from_json
+from .dataparallel import DataParallel
 from .distill import PrepareReport, generate_prompts, heldout_accuracy, heldout_prompts, prepare
 from .errors import BankStateError, InputError, MemctlError
 from .memory import PARTS
@@ -62,6 +71,10 @@ class TrainResult:
     rank: int = 0  # under torchrun: this process's rank, the number of ranks, the units it trained
     world: int = 1
     assigned: list[str] = field(default_factory=list)
+    dp: int = 1  # ranks that trained each unit together, and this rank's gradient reductions:
+    dp_steps: int = 0  # steps, bytes summed, and bytes had every block of the unit been summed
+    dp_bytes: int = 0
+    dp_dense_bytes: int = 0
 
     @property
     def tokens(self) -> int:
@@ -109,10 +122,13 @@ def train_unit(
     split_head: bool = False,
     exclude: frozenset[str] = frozenset(),
     checkpoints: bool = True,
+    dp: DataParallel | None = None,
 ) -> TrainedUnit | None:
     """Train one unit from its seeded initial state (or its checkpoint). Returns None when stopped
     before the end (Ctrl-C or `max_steps`). Documents in `exclude` are left out as if never ingested
-    (exact forgetting); with `checkpoints=False` nothing is written to disk.
+    (exact forgetting); with `checkpoints=False` nothing is written to disk. With `dp`, this rank
+    trains the unit together with the other ranks of its group (memctl.dataparallel): each computes
+    its share of every batch, and the group's leader alone writes checkpoints and scores held-out prompts.
 
     The unit's prefix cache is built from the unit's own samples, so its numbers never depend on
     which other units are trained in the same run."""
@@ -137,8 +153,11 @@ def train_unit(
     losses: dict[str, list[float]] = {}  # by batch kind (lm, kd, keep): their losses differ in scale
     seen: dict[tuple[int, int], dict[str, int]] = {}  # (level, node) -> doc -> tokens trained
     scores: list[float] = []  # held-out prompt accuracy after each epoch
-    if checkpoints and ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
+    lead = dp is None or dp.leader
+    state = torch.load(ckpt, weights_only=False) if checkpoints and lead and ckpt.exists() else None
+    if dp is not None:
+        state = dp.broadcast(state)
+    if state is not None:
         with torch.no_grad():
             for dst, src in zip(params.flat(), state["params"], strict=True):
                 dst.copy_(src)
@@ -171,23 +190,28 @@ def train_unit(
     while step < total:
         epoch, batch_idx = flat_batches[step]
         batch = [samples[i] for i in batch_idx]
-        ids, mask, labels = collate(batch, pad)
         local = unit.local_index([s.path for s in batch])
+        touched = [local[i // len(PARTS)].unique() for i in range(len(params.flat()))]
         opt.lr = lr_at(step, total, tcfg.lr, tcfg.warmup, tcfg.min_lr_ratio)
-        states = None
-        if start > 0 and batch[0].states is not None:
-            states = torch.zeros(ids.shape[0], ids.shape[1], anchor.hidden)
-            for i, smp in enumerate(batch):
-                states[i, : len(smp.ids)] = smp.states
-        with handle.using(params.fetched(local)):
-            loss = batch_loss(anchor.model, batch, ids, mask, labels, states, start, split_head)
-        loss.backward()
+        mine = batch if dp is None else [samples[i] for i in dp.shard(batch_idx)]
+        loss_value = 0.0
+        if mine:
+            loss = _loss(anchor, handle, unit, params, mine, pad, start, split_head)
+            if dp is not None:  # this rank's share of the batch's mean: the group's sum is the mean
+                loss = loss * (loss_positions(mine) / loss_positions(batch))
+            loss.backward()
+            loss_value = float(loss.detach())
+        stop_now = flag["stop"]
+        if dp is not None:
+            loss_value, stops = dp.reduce(params.flat(), touched, [loss_value, float(stop_now)])
+            stop_now = stops > 0
+            flag["stop"] = flag["stop"] or stop_now  # one rank's Ctrl-C stops its whole group
         clip_grad_norm(params.flat(), tcfg.grad_clip)
-        opt.step([local[i // len(PARTS)] for i in range(len(params.flat()))])
+        opt.step(touched)
         opt.zero_grad()
         step += 1
-        tokens += int(mask.sum())
-        losses.setdefault(batch[0].kind, []).append(float(loss.detach()))
+        tokens += sum(len(s.ids) for s in batch)
+        losses.setdefault(batch[0].kind, []).append(loss_value)
         for smp in batch:
             if smp.keep:  # the anchor's own text: no document shaped the block through it
                 continue
@@ -196,7 +220,8 @@ def train_unit(
                 d[smp.doc_id] = d.get(smp.doc_id, 0) + len(smp.ids)
         epoch_done = step == total or flat_batches[step][0] != epoch
         if epoch_done and heldout:
-            scores.append(heldout_accuracy(anchor, handle, unit, params, heldout))
+            score = heldout_accuracy(anchor, handle, unit, params, heldout) if lead else None
+            scores.append(dp.broadcast(score) if dp is not None else score)
             stopped_early = (
                 step < total
                 and len(heldout.prompts) >= MIN_HELDOUT_FOR_STOP
@@ -219,8 +244,8 @@ def train_unit(
                     scores[-1] if scores else None,
                 )
             )
-        stopping = flag["stop"] or (max_steps is not None and step >= max_steps)
-        if checkpoints and (step % tcfg.checkpoint_every == 0 or stopping) and not stopped_early:
+        stopping = stop_now or (max_steps is not None and step >= max_steps)
+        if checkpoints and lead and (step % tcfg.checkpoint_every == 0 or stopping) and not stopped_early:
             checkpoint()
         if stopping:
             return None
@@ -231,6 +256,28 @@ def train_unit(
     keep = _ends({"keep": losses.get("keep", [])})
     res = UnitResult(name, step, tokens, first, last, seconds, resumed_from, scores, stopped_early, *keep)
     return TrainedUnit(res, unit, params, seen)
+
+
+def _loss(
+    anchor: Anchor,
+    handle: Any,
+    unit: Any,
+    params: UnitParams,
+    batch: list[Any],
+    pad: int,
+    start: int,
+    split_head: bool,
+) -> torch.Tensor:
+    """The batch's mean loss with each sample's own blocks fetched (from the cached prefix states
+    when memories start past layer 0)."""
+    ids, mask, labels = collate(batch, pad)
+    states = None
+    if start > 0 and batch[0].states is not None:
+        states = torch.zeros(ids.shape[0], ids.shape[1], anchor.hidden)
+        for i, smp in enumerate(batch):
+            states[i, : len(smp.ids)] = smp.states
+    with handle.using(params.fetched(unit.local_index([s.path for s in batch]))):
+        return batch_loss(anchor.model, batch, ids, mask, labels, states, start, split_head)
 
 
 def _ends(losses: dict[str, list[float]]) -> tuple[float, float]:
@@ -264,20 +311,22 @@ def train(
     home: Path | None = None,
     progress: Callable[[TrainEvent], None] | None = None,
     max_steps: int | None = None,
+    dp: int = 1,
 ) -> TrainResult:
     """Train every unit that needs it (or one `subtree`), resuming from checkpoints.
 
     `overrides` are TrainConfig fields given by the user. `max_steps` stops each unit after that
     many steps with a checkpoint, as an interruption would (used by tests). Under torchrun (WORLD_SIZE
     above 1) the units are shared out across the ranks (memctl.distributed); rank 0 alone writes.
+    `dp` ranks train each unit together (data-parallel); WORLD_SIZE must be a multiple of it.
     """
     from .distributed import World, train_distributed
 
     world = World.from_env()
-    if world.size > 1:
+    if world.size > 1 or dp != 1:
         return train_distributed(
             world, name, overrides, subtree=subtree, retrain=retrain, restart=restart, home=home,
-            progress=progress, max_steps=max_steps,
+            progress=progress, max_steps=max_steps, dp=dp,
         )  # fmt: skip
     home = home or memctl_home()
     reg = Registry.open(name, home)

@@ -109,6 +109,77 @@ def test_torchrun_two_ranks_equal_one_process(banks: tuple[Registry, Path], home
     assert set((new.path / "blocks").iterdir()) == {new.path / r["file"] for r in new.blocks("file is not null")}
 
 
+def test_accelerate_launch_two_processes_equal_one_process(banks: tuple[Registry, Path], home: Path) -> None:
+    """`accelerate launch --multi_gpu` starts the ranks through torch.distributed.run, with the same
+    variables; on a machine without a GPU its processes use gloo, as under torchrun."""
+    ref, _ = banks
+    env = {**os.environ, "MEMCTL_HOME": str(home), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env["HF_HOME"] = str(home / "hf")  # no accelerate config file of the user's: the flags alone
+    cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu"]
+    cmd += ["--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    proc = subprocess.run(
+        [*cmd, "-m", "memctl", "train", "--bank", "new", *FLAGS],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 1/2: trained unit(s) 1; rank 0 recorded them" in proc.stderr
+    _assert_same_training(Registry.open("new", home), ref)
+
+
+def test_torchrun_data_parallel_ranks_inside_units_equal_one_process(banks: tuple[Registry, Path], home: Path) -> None:
+    """Two ranks train every unit together (--dp 2): each takes one of the two rows of each batch (and
+    an empty share of the last, odd batch), and they sum the touched blocks' gradients. The blocks
+    equal one process's to float tolerance (summation order differs); provenance is exactly equal."""
+    ref, _ = banks
+    env = {**os.environ, "MEMCTL_HOME": str(home), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    proc = subprocess.run(
+        [*cmd, "-m", "memctl", "train", "--bank", "new", *FLAGS, "--dp", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 1/2: trained unit(s) 0, 1, generic with ranks 0-1 (data-parallel); rank 0 recorded them" in proc.stderr
+    new = Registry.open("new", home)
+    got, want = _blocks(new), _blocks(ref)
+    assert set(got) == set(want) and len(want) >= 4
+    for bid in want:
+        for part in ("gate", "up", "down"):
+            assert torch.allclose(got[bid][part], want[bid][part], rtol=1e-4, atol=1e-5), (bid, part)
+    assert _provenance(new) == _provenance(ref)
+    runs = {r["unit"]: r["status"] for r in new.db.query("select unit, status from runs")}
+    assert runs == {"0": "done", "1": "done", "generic": "done"}
+    assert not list((new.path / "checkpoints").glob("unit-*.pt"))
+
+
+def test_dp_requests_that_do_not_fit_the_job_are_one_line_errors(
+    home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ingest("b", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    runner = CliRunner()
+    for args, msg in [
+        (["--dp", "2"], "--dp 2 needs a job of 2 or more ranks"),
+        (["--dp", "0"], "--dp must be at least 1"),
+        (["--subtree", "0", "--out", str(home / "u0"), "--dp", "2"], "--out trains one unit in one process"),
+    ]:
+        res = runner.invoke(app, ["train", "--bank", "b", *args])
+        assert res.exit_code != 0 and msg in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "0")
+    res = runner.invoke(app, ["train", "--bank", "b", "--dp", "2"])
+    assert res.exit_code != 0 and "WORLD_SIZE=3 is not a multiple of --dp 2" in res.output, res.output
+    reg = Registry.open("b", home)
+    assert not list(reg.db.query("select * from runs")) and reg.block(0, 0)["state"] == "init"
+
+
 def test_units_trained_apart_then_merged_equal_one_process(
     banks: tuple[Registry, Path], home: Path, tmp_path: Path
 ) -> None:

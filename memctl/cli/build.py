@@ -136,10 +136,18 @@ def train(
         ),
     ] = None,
     generic: Annotated[bool, typer.Option(help="With --out: train the generic memory.")] = False,
+    dp: Annotated[
+        int,
+        typer.Option(
+            "--dp",
+            help="Under torchrun: ranks that train each unit together, data-parallel "
+            "(WORLD_SIZE must be a multiple; default 1: one rank per unit).",
+        ),
+    ] = 1,
     as_json: JsonOpt = False,
 ) -> None:
     """Train memory blocks on the frozen anchor; resumes an interrupted run. Under torchrun, units are
-    shared out across the ranks and rank 0 records them."""
+    shared out across the ranks (or groups of --dp ranks) and rank 0 records them."""
     from ..distributed import World
     from ..train import TrainEvent
     from ..train import train as do_train
@@ -156,7 +164,7 @@ def train(
         "preserve_pool": preserve_pool,
     }
     if out_dir is not None or generic:
-        train_out_command(bank, out_dir, overrides, subtree, generic, restart, as_json)
+        train_out_command(bank, out_dir, overrides, subtree, generic, restart, as_json, dp)
         return
     world = run(World.from_env)
 
@@ -178,7 +186,7 @@ def train(
                         highlight=False,
                     )
 
-            return do_train(bank, overrides, subtree=subtree, retrain=retrain, restart=restart, progress=log)
+            return do_train(bank, overrides, subtree=subtree, retrain=retrain, restart=restart, progress=log, dp=dp)
         with Progress(
             TextColumn("{task.fields[unit]:>12}"),
             BarColumn(),
@@ -209,7 +217,7 @@ def train(
                     held=held,
                 )
 
-            return do_train(bank, overrides, subtree=subtree, retrain=retrain, restart=restart, progress=update)
+            return do_train(bank, overrides, subtree=subtree, retrain=retrain, restart=restart, progress=update, dp=dp)
 
     res = run(go)
     if worker_summary(res, as_json):

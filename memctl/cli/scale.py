@@ -24,6 +24,7 @@ def train_out_command(
     generic: bool,
     restart: bool,
     as_json: bool,
+    dp: int = 1,
 ) -> None:
     """`memctl train --subtree I --out DIR` (or `--generic --out DIR`): one unit, the bank untouched."""
     from ..distributed import World
@@ -34,8 +35,8 @@ def train_out_command(
     def go() -> Any:
         if out_dir is None:
             raise InputError("--generic trains the generic memory into a directory: give --out DIR")
-        if World.from_env().size > 1:
-            raise InputError("--out trains one unit in one process; run it without torchrun")
+        if World.from_env().size > 1 or dp != 1:
+            raise InputError("--out trains one unit in one process; run it without torchrun or --dp")
 
         last = [0.0]
 
@@ -72,17 +73,31 @@ def worker_summary(res: TrainResult, as_json: bool) -> bool:
         return False
     if not res.assigned:
         err.print(
-            f"rank {res.rank}/{res.world}: idle, no unit left for this rank "
-            "(data-parallel training inside a unit is not implemented)",
+            f"rank {res.rank}/{res.world}: idle, no unit left for this rank (`--dp N` trains each unit with N ranks)",
             highlight=False,
+            soft_wrap=True,
+        )
+    if res.dp_steps:
+        err.print(
+            f"rank {res.rank}/{res.world}: data-parallel, {res.dp_steps} steps: "
+            f"{res.dp_bytes / res.dp_steps / 2**20:.2f} MiB of gradients summed per step "
+            f"(the touched blocks; all of the unit's blocks: {res.dp_dense_bytes / res.dp_steps / 2**20:.2f} MiB)",
+            highlight=False,
+            soft_wrap=True,
         )
     if res.rank == 0:
         return False
     if as_json:
-        out.print_json(json.dumps({"rank": res.rank, "trained": [u.unit for u in res.units]}))
+        out.print_json(json.dumps({"rank": res.rank, "dp": res.dp, "trained": [u.unit for u in res.units]}))
     elif res.units:
         names = ", ".join(u.unit for u in res.units)
-        err.print(f"rank {res.rank}/{res.world}: trained unit(s) {names}; rank 0 recorded them", highlight=False)
+        first = res.rank - res.rank % res.dp
+        with_ = f" with ranks {first}-{first + res.dp - 1} (data-parallel)" if res.dp > 1 else ""
+        err.print(
+            f"rank {res.rank}/{res.world}: trained unit(s) {names}{with_}; rank 0 recorded them",
+            highlight=False,
+            soft_wrap=True,
+        )
     return True
 
 
