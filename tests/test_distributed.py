@@ -157,6 +157,41 @@ def test_torchrun_data_parallel_ranks_inside_units_equal_one_process(banks: tupl
     assert not list((new.path / "checkpoints").glob("unit-*.pt"))
 
 
+STOP_THEN_RESUME = """
+import json, sys
+from memctl.train import train
+steps = int(sys.argv[2]) if len(sys.argv) > 2 else None
+train("new", json.loads(sys.argv[1]), max_steps=steps, dp=2)
+"""
+
+
+def test_data_parallel_stop_then_resume_equals_one_process(
+    banks: tuple[Registry, Path], home: Path, tmp_path: Path
+) -> None:
+    """Stopped after 4 steps of every unit, a --dp 2 group leaves one checkpoint per unit (the
+    leader's); the rerun sends it to both ranks and ends where one uninterrupted process ends."""
+    ref, _ = banks
+    script = tmp_path / "stop_then_resume.py"
+    script.write_text(STOP_THEN_RESUME)
+    env = {**os.environ, "MEMCTL_HOME": str(home), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    for extra in (["4"], []):
+        proc = subprocess.run([*cmd, json.dumps(CFG), *extra], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        new = Registry.open("new", home)
+        ckpts = sorted(p.name for p in (new.path / "checkpoints").glob("unit-*.pt"))
+        if extra:
+            assert ckpts == ["unit-0.pt", "unit-1.pt", "unit-generic.pt"]
+            assert not list(new.db.query("select * from runs where status = 'done'"))
+    assert ckpts == []
+    got, want = _blocks(new), _blocks(ref)
+    assert set(got) == set(want)
+    for bid in want:
+        for part in ("gate", "up", "down"):
+            assert torch.allclose(got[bid][part], want[bid][part], rtol=1e-4, atol=1e-5), (bid, part)
+    assert _provenance(new) == _provenance(ref)
+
+
 def test_dp_requests_that_do_not_fit_the_job_are_one_line_errors(
     home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
