@@ -42,12 +42,14 @@ def median_time(fn, repeats: int) -> float:  # noqa: ANN001
     return statistics.median(times)
 
 
-def latency(home: Path, bank: str, prompts: list[str], tokens: int, repeats: int) -> dict:
+def latency(home: Path, bank: str, prompts: list[str], tokens: int, repeats: int, int8: bool = False) -> dict:
+    """With `int8`, the memories are served as int8 weights (`--int8`): a cold fetch then includes
+    packing the path's blocks."""
     from memctl.serve import BankSession
     from memctl.store import BlockStore
 
     rows = []
-    with BankSession(bank, home) as s:
+    with BankSession(bank, home, int8=int8) as s:
         tok, model = s.anchor.tokenizer, s.anchor.model
         for q in prompts:
             enc = tok(q, return_tensors="pt", add_special_tokens=False)
@@ -62,7 +64,7 @@ def latency(home: Path, bank: str, prompts: list[str], tokens: int, repeats: int
             paths = s.route([q])
             cold = []
             for _ in range(repeats):
-                s.store = BlockStore(s.reg)  # an empty cache: every block read from disk
+                s.store = BlockStore(s.reg, int8=int8)  # an empty cache: every block read from disk
                 t = time.perf_counter()
                 s.store.fetch_paths(paths)
                 cold.append(time.perf_counter() - t)
@@ -192,19 +194,20 @@ def main() -> None:
     try:
         if 1 in parts:
             console.rule("1. latency of a 40-token answer")
-            lat = latency(home, a.bank, [q["prompt"] for q in probes[: a.questions]], a.tokens, a.repeats)
-            results["latency"] = lat
             t = Table(
                 title=f"{a.tokens}-token answer, bank {a.bank} (tree {k}x{p}, fetched {fetched_bytes / mib:.0f} MiB), "
-                f"mean of {lat['questions']} questions, median of {a.repeats} runs"
+                f"mean of {a.questions} questions, median of {a.repeats} runs"
             )
-            for col in ("anchor alone", "with memories", "route", "fetch cold", "fetch warm", "extra compute",
-                        "overhead (warm)", "overhead (cold)"):  # fmt: skip
+            for col in ("memories", "anchor alone", "with memories", "route", "fetch cold", "fetch warm",
+                        "extra compute", "overhead (warm)", "overhead (cold)"):  # fmt: skip
                 t.add_column(col, justify="right")
-            t.add_row(f"{lat['anchor_s']:.3f} s", f"{lat['memory_s']:.3f} s", f"{1e3 * lat['route_s']:.1f} ms",
-                      f"{1e3 * lat['fetch_cold_s']:.1f} ms", f"{1e3 * lat['fetch_warm_s']:.2f} ms",
-                      f"{1e3 * lat['extra_compute_s']:.0f} ms", f"{100 * lat['overhead_warm']:.1f}%",
-                      f"{100 * lat['overhead_cold']:.1f}%")  # fmt: skip
+            for name, int8 in (("fp32", False), ("int8 (--int8)", True)):
+                lat = latency(home, a.bank, [q["prompt"] for q in probes[: a.questions]], a.tokens, a.repeats, int8)
+                results["latency_int8" if int8 else "latency"] = lat
+                t.add_row(name, f"{lat['anchor_s']:.3f} s", f"{lat['memory_s']:.3f} s",
+                          f"{1e3 * lat['route_s']:.1f} ms", f"{1e3 * lat['fetch_cold_s']:.1f} ms",
+                          f"{1e3 * lat['fetch_warm_s']:.2f} ms", f"{1e3 * lat['extra_compute_s']:.0f} ms",
+                          f"{100 * lat['overhead_warm']:.1f}%", f"{100 * lat['overhead_cold']:.1f}%")  # fmt: skip
             console.print(t)
         if 2 in parts:
             console.rule("2. peak resident memory: this bank vs a bank ten times larger")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import torch
 from torch import nn
 
 from .anchor import MemoryHandle, attach, decoder_layers
@@ -53,7 +54,8 @@ class Memories:
 
     `allow`: access tags (None = the owner: every block that is not blocked); `cache_mb`: byte budget
     of loaded blocks; `pin_levels`: shallow levels kept loaded; `serve_blocked` is for proofs about
-    the parameters themselves (forgetting), never for answers."""
+    the parameters themselves (forgetting), never for answers; `int8`: forward passes use the fetched
+    blocks as int8 weights (a float32 model on the CPU; see memory.pack_int8)."""
 
     def __init__(
         self,
@@ -64,6 +66,7 @@ class Memories:
         cache_mb: float = DEFAULT_CACHE_MB,
         pin_levels: int = 1,
         serve_blocked: bool = False,
+        int8: bool = False,
     ) -> None:
         if cache_mb < 0:
             raise InputError("--cache-mb must be non-negative")
@@ -75,7 +78,7 @@ class Memories:
         self.embedder: Embedder = get_embedder(self.cfg.embedder)
         self.tree: Tree = self.reg.load_tree()
         self.allow = allow
-        self.store = BlockStore(self.reg, int(cache_mb * 2**20), pin_levels, allow, serve_blocked)
+        self.store = BlockStore(self.reg, int(cache_mb * 2**20), pin_levels, allow, serve_blocked, int8)
         self._retriever: Retriever | None = None
         self._handle: MemoryHandle | None = None
 
@@ -92,6 +95,12 @@ class Memories:
                 f"bank {self.reg.name!r} was built on an anchor with {want[0]} layers of width {want[1]}; "
                 f"this model has {layers} of width {hidden}"
             )
+        if self.store.int8:
+            p = next(model.parameters())
+            if p.dtype != torch.float32 or p.device.type != "cpu":
+                raise AnchorError(f"int8 memories serve a float32 model on the CPU, not {p.dtype} on {p.device}")
+            if torch.backends.quantized.engine == "none":
+                raise AnchorError("this torch build has no quantized CPU engine for int8 memories")
         self._handle = attach(model, self.cfg.memory.layers)
         return self
 

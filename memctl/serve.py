@@ -70,8 +70,11 @@ class BankSession(Memories):
         cache_mb: float = DEFAULT_CACHE_MB,
         pin_levels: int = 1,
         serve_blocked: bool = False,
+        int8: bool = False,
     ) -> None:
-        super().__init__(name, home, allow=allow, cache_mb=cache_mb, pin_levels=pin_levels, serve_blocked=serve_blocked)
+        super().__init__(
+            name, home, allow=allow, cache_mb=cache_mb, pin_levels=pin_levels, serve_blocked=serve_blocked, int8=int8
+        )
         try:
             self.anchor = anchor or load_anchor(self.cfg.anchor, self.home)
             if self.anchor.digest != self.reg.bank["anchor_sha256"]:
@@ -174,10 +177,11 @@ def ask(
     allow: frozenset[str] | None = None,
     cache_mb: float = DEFAULT_CACHE_MB,
     rag: bool = False,
+    int8: bool = False,
 ) -> dict[str, Any]:
     if not prompt.strip():
         raise InputError("the prompt is empty")
-    with BankSession(name, home, allow=allow, cache_mb=cache_mb) as s:
+    with BankSession(name, home, allow=allow, cache_mb=cache_mb, int8=int8) as s:
         ans = s.generate([prompt], mode=mode, max_new_tokens=max_new_tokens, chat=chat, rag=rag)[0]
         return {
             "bank": name,
@@ -190,5 +194,6 @@ def ask(
             "retrieved": ans.retrieved,
             "allow": sorted(allow) if allow is not None else None,
             "timings": ans.timings,
+            "int8": int8,
             "store": s.store.stats.to_dict(),
         }

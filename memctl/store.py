@@ -22,11 +22,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from .memory import PARTS, Fetched, LevelFetch
+from .memory import PARTS, Fetched, LevelFetch, Packed, pack_int8, packed_bytes
 from .privacy import reachable_blocks
 from .registry import Registry, block_id
 
 DEFAULT_CACHE_MB = 512
+PATH_PACKS = 4  # int8 serving: packs of the most recently fetched paths kept
 Key = tuple[int, int]  # (level, node); level 0 is the generic memory
 
 
@@ -54,9 +55,14 @@ class BlockStore:
         pin_levels: int = 1,
         allow: frozenset[str] | None = None,
         serve_blocked: bool = False,
+        int8: bool = False,
     ) -> None:
-        """`serve_blocked` is for proofs about the parameters themselves (forgetting), never for answers."""
+        """`serve_blocked` is for proofs about the parameters themselves (forgetting), never for answers.
+        `int8`: forward passes use each fetched path's blocks packed as int8 weights (memory.pack_int8),
+        kept for the last PATH_PACKS paths while all their blocks stay cached; the budget counts them."""
         self.reg = reg
+        self.int8 = int8
+        self._packs: OrderedDict[tuple[tuple[Key, str], ...], tuple[Packed, int]] = OrderedDict()
         self.serve_blocked = serve_blocked
         self.cache_bytes = cache_bytes
         self.pin_levels = pin_levels
@@ -88,6 +94,7 @@ class BlockStore:
             row = self._rows.get(key)
             if row is None or row["sha256"] != self._cache[key][0]:
                 del self._cache[key]
+        self._drop_packs()
         self._version = self.reg.version()
 
     def has(self, level: int, idx: int) -> bool:
@@ -107,7 +114,13 @@ class BlockStore:
 
     @property
     def cached_bytes(self) -> int:
-        return sum(n for _sha, _b, n in self._cache.values())
+        return sum(n for _sha, _b, n in self._cache.values()) + sum(n for _p, n in self._packs.values())
+
+    def _drop_packs(self) -> None:
+        """Forget the int8 packs of paths with a block that left the cache (or was replaced)."""
+        for path in list(self._packs):
+            if any(key not in self._cache or self._cache[key][0] != sha for key, sha in path):
+                del self._packs[path]
 
     def cached(self) -> list[str]:
         return [block_id(*key) for key in self._cache]
@@ -123,6 +136,7 @@ class BlockStore:
                 continue
             total -= self._cache.pop(key)[2]
             self.stats.evictions += 1
+        self._drop_packs()
 
     def get(self, level: int, idx: int) -> dict[str, torch.Tensor] | None:
         self.refresh()
@@ -148,13 +162,44 @@ class BlockStore:
     # ---- what a forward pass uses ----------------------------------------------------------------
     def fetch_paths(self, paths: np.ndarray) -> Fetched:
         """paths (B, p) node indices -> the blocks of each level each row fetches."""
-        return assemble(paths, self.get)
+        if not self.int8:
+            return assemble(paths, self.get)
+        got: dict[Key, dict[str, torch.Tensor]] = {}
+
+        def lookup(level: int, node: int) -> dict[str, torch.Tensor] | None:
+            block = self.get(level, node)
+            if block is not None:
+                got[(level, node)] = block
+            return block
+
+        fetched = assemble(paths, lookup)
+        rows: dict[tuple[Key, ...], list[int]] = {}
+        for i, path in enumerate(paths.tolist()):
+            keys = tuple((lvl + 1, n) for lvl, n in enumerate(path) if (lvl + 1, n) in got)
+            rows.setdefault(keys, []).append(i)
+        fetched.packed = [(torch.tensor(r), self._pack(keys, got)) for keys, r in rows.items() if keys]
+        return fetched
 
     def fetch_generic(self, batch: int) -> Fetched:
         block = self.get(0, 0)
         if block is None:
             return Fetched(levels=[], batch=batch)
-        return Fetched(levels=[_level([block], [0] * batch)], batch=batch)
+        fetched = Fetched(levels=[_level([block], [0] * batch)], batch=batch)
+        if self.int8:
+            fetched.packed = [(torch.arange(batch), self._pack(((0, 0),), {(0, 0): block}))]
+        return fetched
+
+    def _pack(self, keys: tuple[Key, ...], blocks: dict[Key, dict[str, torch.Tensor]]) -> Packed:
+        """The int8 pack of one path's blocks, made once and kept while they stay cached."""
+        path = tuple((key, self._rows[key]["sha256"]) for key in keys)
+        if path in self._packs:
+            self._packs.move_to_end(path)
+            return self._packs[path][0]
+        packed = pack_int8([blocks[key] for key in keys])
+        self._packs[path] = (packed, packed_bytes(packed))
+        while len(self._packs) > PATH_PACKS:
+            self._packs.popitem(last=False)
+        return packed
 
 
 def assemble(paths: np.ndarray, lookup: Callable[[int, int], dict[str, torch.Tensor] | None]) -> Fetched:

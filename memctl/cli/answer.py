@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import InputError, MemctlError
-from .common import AllowOpt, BankOpt, CacheMbOpt, JsonOpt, app, err, out, run
+from .common import AllowOpt, BankOpt, CacheMbOpt, Int8Opt, JsonOpt, app, err, out, run
 
 
 @app.command()
@@ -25,6 +25,7 @@ def ask(
     rag: Annotated[
         bool, typer.Option("--rag", help="Also put the nearest window of the routed leaf in the prompt.")
     ] = False,
+    int8: Int8Opt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Answer with the memory blocks the prompt routes to (only those are read)."""
@@ -39,8 +40,9 @@ def ask(
         mode = "none" if no_memory else "generic" if generic else "fetched"
         tags = parse_tags(allow) if allow is not None else None
         return do_ask(
-            bank, prompt, mode=mode, max_new_tokens=max_new_tokens, chat=chat, allow=tags, cache_mb=cache_mb, rag=rag
-        )
+            bank, prompt, mode=mode, max_new_tokens=max_new_tokens, chat=chat, allow=tags, cache_mb=cache_mb, rag=rag,
+            int8=int8,
+        )  # fmt: skip
 
     d = run(go)
     if as_json:
@@ -86,6 +88,7 @@ def chat(
     allow: AllowOpt = None,
     cache_mb: CacheMbOpt = 512,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per reply at most.")] = 96,
+    int8: Int8Opt = False,
 ) -> None:
     """Chat with a bank: each turn fetches only the blocks its message routes to, and streams.
 
@@ -100,7 +103,7 @@ def chat(
         if not plain and not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise InputError("the chat app needs a terminal; use --plain for pipes and scripts")
         tags = parse_tags(allow) if allow is not None else None
-        return Chat(BankSession(bank, allow=tags, cache_mb=cache_mb), settings)
+        return Chat(BankSession(bank, allow=tags, cache_mb=cache_mb, int8=int8), settings)
 
     session_chat = run(open_chat)
     try:

@@ -33,6 +33,14 @@ AllowOpt = Annotated[
     str | None, typer.Option(help="TAG,...: fetch only blocks whose every training document has one of these tags.")
 ]
 CacheMbOpt = Annotated[float, typer.Option(help="Byte budget of loaded blocks (MiB).")]
+Int8Opt = Annotated[
+    bool,
+    typer.Option(
+        "--int8",
+        help="Serve the fetched memories as int8 weights (CPU): a quarter of the bytes per token; "
+        "answers differ only by rounding.",
+    ),
+]
 
 
 def run(fn: Callable[[], T]) -> T:

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..evalreport import ci, pct, write_report
-from .common import BankOpt, JsonOpt, app, err, human_params, out, run, stage_progress
+from .common import BankOpt, Int8Opt, JsonOpt, app, err, human_params, out, run, stage_progress
 
 
 def parse_fractions(text: str | None) -> tuple[float, ...]:
@@ -57,6 +57,7 @@ def eval_cmd(
     report: Annotated[Path | None, typer.Option(help="Write report.md and PNG plots into this directory.")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Start a new run instead of resuming a stopped one.")] = False,
     history: Annotated[bool, typer.Option("--history", help="Show the bank's past evaluation runs.")] = False,
+    int8: Int8Opt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Probe accuracy (95% Wilson intervals) of every setup, routing agreement, beam, blocked fractions,
@@ -88,7 +89,9 @@ def eval_cmd(
         tags = parse_tags(allow) if allow is not None else None
         params = {"probes": str(probes) if probes else None, "limit": limit, "seed": seed,
                   "allow": sorted(tags) if tags is not None else None}  # fmt: skip
-        with BankSession(bank, allow=tags) as session, stage_progress(not as_json) as progress:
+        if int8:
+            params["int8"] = True  # runs without it keep their old parameters, and so resume
+        with BankSession(bank, allow=tags, int8=int8) as session, stage_progress(not as_json) as progress:
             res = run_eval(session, ps, opts, probes_path=probes, perplexity=perplexity, params=params,
                            fresh=fresh, progress=progress)  # fmt: skip
         res["probes"] = str(probes or "")
@@ -101,6 +104,7 @@ def eval_cmd(
                                 ("--seed", seed if limit is not None else None), ("--report", report)):  # fmt: skip
                 if value is not None:
                     parts += [flag, str(value)]
+            parts += ["--int8"] if int8 else []
             command = " ".join(shlex.quote(a) for a in parts)
             res["report"] = [str(p) for p in write_report(res, report, command)]
         return res
