@@ -116,11 +116,14 @@ class BlockStore:
     def cached_bytes(self) -> int:
         return sum(n for _sha, _b, n in self._cache.values()) + sum(n for _p, n in self._packs.values())
 
-    def _drop_packs(self) -> None:
-        """Forget the int8 packs of paths with a block that left the cache (or was replaced)."""
+    def _drop_packs(self) -> int:
+        """Forget the int8 packs of paths with a block that left the cache (or was replaced); returns
+        the bytes freed."""
+        freed = 0
         for path in list(self._packs):
             if any(key not in self._cache or self._cache[key][0] != sha for key, sha in path):
-                del self._packs[path]
+                freed += self._packs.pop(path)[1]
+        return freed
 
     def cached(self) -> list[str]:
         return [block_id(*key) for key in self._cache]
@@ -135,8 +138,8 @@ class BlockStore:
             if self.pinned(key) or key == keep:
                 continue
             total -= self._cache.pop(key)[2]
+            total -= self._drop_packs()
             self.stats.evictions += 1
-        self._drop_packs()
 
     def get(self, level: int, idx: int) -> dict[str, torch.Tensor] | None:
         self.refresh()
@@ -175,7 +178,7 @@ class BlockStore:
         fetched = assemble(paths, lookup)
         rows: dict[tuple[Key, ...], list[int]] = {}
         for i, path in enumerate(paths.tolist()):
-            keys = tuple((lvl + 1, n) for lvl, n in enumerate(path) if (lvl + 1, n) in got)
+            keys = tuple((lvl + 1, n) for lvl, n in enumerate(path) if _has_neurons(got.get((lvl + 1, n))))
             rows.setdefault(keys, []).append(i)
         fetched.packed = [(torch.tensor(r), self._pack(keys, got)) for keys, r in rows.items() if keys]
         return fetched
@@ -185,7 +188,7 @@ class BlockStore:
         if block is None:
             return Fetched(levels=[], batch=batch)
         fetched = Fetched(levels=[_level([block], [0] * batch)], batch=batch)
-        if self.int8:
+        if self.int8 and _has_neurons(block):
             fetched.packed = [(torch.arange(batch), self._pack(((0, 0),), {(0, 0): block}))]
         return fetched
 
@@ -200,6 +203,10 @@ class BlockStore:
         while len(self._packs) > PATH_PACKS:
             self._packs.popitem(last=False)
         return packed
+
+
+def _has_neurons(block: dict[str, torch.Tensor] | None) -> bool:
+    return block is not None and block["gate"].shape[1] > 0
 
 
 def assemble(paths: np.ndarray, lookup: Callable[[int, int], dict[str, torch.Tensor] | None]) -> Fetched:
