@@ -325,3 +325,14 @@ def test_cli_eval_report_json_and_history(home: Path, bank: Registry, probe_file
     assert hist[0]["params"]["allow"] == ["public"]
     res = runner.invoke(app, ["eval", "--bank", "e", "--history"])
     assert res.exit_code == 0 and "evaluation runs of e" in res.output
+
+
+def test_cli_eval_int8_is_recorded_and_scores_every_probe(home: Path, bank: Registry, probe_file: Path) -> None:
+    base = ["eval", "--bank", "e", "--probes", str(probe_file), "--setups", "fetched", "--json"]
+    fp32 = json.loads(runner.invoke(app, base).output)
+    res = runner.invoke(app, [*base, "--int8"])
+    assert res.exit_code == 0, res.output
+    int8 = json.loads(res.output)
+    assert int8["params"]["int8"] is True and "int8" not in fp32["params"]
+    assert int8["setups"][0]["n"] == fp32["setups"][0]["n"] > 0
+    assert [p["route"] for p in int8["answers"]] == [p["route"] for p in fp32["answers"]]
