@@ -46,12 +46,17 @@ class Fetched:
     # concatenated); forward passes then use these instead of `levels`
     packed: list[tuple[torch.Tensor, Packed]] | None = None
 
-    def row_index(self, lv: LevelFetch, rows: int | None = None) -> torch.Tensor:
-        """The level's per-row block index for a batch of `rows` (a multiple of `batch`)."""
-        rows = rows or self.batch
+    def rows_per_sample(self, rows: int) -> int:
+        """How many rows of a batch of `rows` each sample has (beams, several samples per prompt,
+        expanded the way transformers expands inputs)."""
         if rows % self.batch:
             raise ValueError(f"memories were chosen for {self.batch} rows, the model runs {rows}")
-        return lv.index.repeat_interleave(rows // self.batch) if rows != self.batch else lv.index
+        return rows // self.batch
+
+    def row_index(self, lv: LevelFetch, rows: int | None = None) -> torch.Tensor:
+        """The level's per-row block index for a batch of `rows` (a multiple of `batch`)."""
+        per = self.rows_per_sample(rows or self.batch)
+        return lv.index.repeat_interleave(per) if per != 1 else lv.index
 
     def level_weights(
         self, lv: LevelFetch, slot: int, rows: int | None = None
@@ -106,16 +111,12 @@ def _packed_delta(x: torch.Tensor, fetched: Fetched, slot: int, act: Act) -> tor
 
     def ffn(z: torch.Tensor, packed: Packed) -> torch.Tensor:
         gu, dn, r = packed[slot]
-        if r == 0:
-            return torch.zeros_like(z)
         h = gu(z.float())
         return dn(act(h[..., :r]) * h[..., r:]).to(z.dtype)
 
     if len(fetched.packed) == 1 and fetched.packed[0][0].numel() == fetched.batch:
         return ffn(x, fetched.packed[0][1])  # one path serves every row
-    if x.shape[0] % fetched.batch:
-        raise ValueError(f"memories were chosen for {fetched.batch} rows, the model runs {x.shape[0]}")
-    per = x.shape[0] // fetched.batch  # rows of an expanded batch follow their sample
+    per = fetched.rows_per_sample(x.shape[0])  # rows of an expanded batch follow their sample
     out = torch.zeros_like(x)
     for rows, packed in fetched.packed:
         rows = (rows[:, None] * per + torch.arange(per)).reshape(-1)

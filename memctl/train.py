@@ -191,7 +191,7 @@ def train_unit(
         epoch, batch_idx = flat_batches[step]
         batch = [samples[i] for i in batch_idx]
         local = unit.local_index([s.path for s in batch])
-        touched = [local[i // len(PARTS)].unique() for i in range(len(params.flat()))]
+        touched = [rows for level in local for rows in [level.unique()] * len(PARTS)]  # per param, as flat()
         opt.lr = lr_at(step, total, tcfg.lr, tcfg.warmup, tcfg.min_lr_ratio)
         mine = batch if dp is None else [samples[i] for i in dp.shard(batch_idx)]
         loss_value = 0.0

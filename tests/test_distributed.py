@@ -49,6 +49,25 @@ def _assert_same_training(got: Registry, want: Registry) -> None:
     assert _provenance(got) == _provenance(want)
 
 
+def _assert_close_training(got: Registry, want: Registry) -> None:
+    """Data-parallel ranks sum gradients in another order: blocks equal to float tolerance, provenance exactly."""
+    g, w = _blocks(got), _blocks(want)
+    assert set(g) == set(w) and len(w) >= 4
+    for bid in w:
+        for part in ("gate", "up", "down"):
+            assert torch.allclose(g[bid][part], w[bid][part], rtol=1e-4, atol=1e-5), (bid, part)
+    assert _provenance(got) == _provenance(want)
+
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+
+
+def _launch(home: Path, cmd: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    """A two-process job on MEMCTL_HOME `home`, one thread per rank (as torchrun sets for a rank)."""
+    env = {**os.environ, "MEMCTL_HOME": str(home), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **env}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
     """torchrun gives each rank one thread (OMP_NUM_THREADS=1), and float sums depend on how a matmul
@@ -90,15 +109,7 @@ def test_world_from_env_and_round_robin(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_torchrun_two_ranks_equal_one_process(banks: tuple[Registry, Path], home: Path) -> None:
     ref, _ = banks
-    env = {**os.environ, "MEMCTL_HOME": str(home), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    proc = subprocess.run(
-        [*cmd, "-m", "memctl", "train", "--bank", "new", *FLAGS],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = _launch(home, [*TORCHRUN, "-m", "memctl", "train", "--bank", "new", *FLAGS])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 1/2: trained unit(s) 1; rank 0 recorded them" in proc.stderr
     new = Registry.open("new", home)
@@ -113,17 +124,10 @@ def test_accelerate_launch_two_processes_equal_one_process(banks: tuple[Registry
     """`accelerate launch --multi_gpu` starts the ranks through torch.distributed.run, with the same
     variables; on a machine without a GPU its processes use gloo, as under torchrun."""
     ref, _ = banks
-    env = {**os.environ, "MEMCTL_HOME": str(home), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    env["HF_HOME"] = str(home / "hf")  # no accelerate config file of the user's: the flags alone
     cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu"]
     cmd += ["--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    proc = subprocess.run(
-        [*cmd, "-m", "memctl", "train", "--bank", "new", *FLAGS],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    # HF_HOME of its own: no accelerate config file of the user's, the flags alone
+    proc = _launch(home, [*cmd, "-m", "memctl", "train", "--bank", "new", *FLAGS], HF_HOME=str(home / "hf"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 1/2: trained unit(s) 1; rank 0 recorded them" in proc.stderr
     _assert_same_training(Registry.open("new", home), ref)
@@ -134,24 +138,11 @@ def test_torchrun_data_parallel_ranks_inside_units_equal_one_process(banks: tupl
     an empty share of the last, odd batch), and they sum the touched blocks' gradients. The blocks
     equal one process's to float tolerance (summation order differs); provenance is exactly equal."""
     ref, _ = banks
-    env = {**os.environ, "MEMCTL_HOME": str(home), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    proc = subprocess.run(
-        [*cmd, "-m", "memctl", "train", "--bank", "new", *FLAGS, "--dp", "2"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = _launch(home, [*TORCHRUN, "-m", "memctl", "train", "--bank", "new", *FLAGS, "--dp", "2"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 1/2: trained unit(s) 0, 1, generic with ranks 0-1 (data-parallel); rank 0 recorded them" in proc.stderr
     new = Registry.open("new", home)
-    got, want = _blocks(new), _blocks(ref)
-    assert set(got) == set(want) and len(want) >= 4
-    for bid in want:
-        for part in ("gate", "up", "down"):
-            assert torch.allclose(got[bid][part], want[bid][part], rtol=1e-4, atol=1e-5), (bid, part)
-    assert _provenance(new) == _provenance(ref)
+    _assert_close_training(new, ref)
     runs = {r["unit"]: r["status"] for r in new.db.query("select unit, status from runs")}
     assert runs == {"0": "done", "1": "done", "generic": "done"}
     assert not list((new.path / "checkpoints").glob("unit-*.pt"))
@@ -173,10 +164,8 @@ def test_data_parallel_stop_then_resume_equals_one_process(
     ref, _ = banks
     script = tmp_path / "stop_then_resume.py"
     script.write_text(STOP_THEN_RESUME)
-    env = {**os.environ, "MEMCTL_HOME": str(home), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
     for extra in (["4"], []):
-        proc = subprocess.run([*cmd, json.dumps(CFG), *extra], env=env, capture_output=True, text=True, timeout=300)
+        proc = _launch(home, [*TORCHRUN, str(script), json.dumps(CFG), *extra])
         assert proc.returncode == 0, proc.stderr[-3000:]
         new = Registry.open("new", home)
         ckpts = sorted(p.name for p in (new.path / "checkpoints").glob("unit-*.pt"))
@@ -184,12 +173,7 @@ def test_data_parallel_stop_then_resume_equals_one_process(
             assert ckpts == ["unit-0.pt", "unit-1.pt", "unit-generic.pt"]
             assert not list(new.db.query("select * from runs where status = 'done'"))
     assert ckpts == []
-    got, want = _blocks(new), _blocks(ref)
-    assert set(got) == set(want)
-    for bid in want:
-        for part in ("gate", "up", "down"):
-            assert torch.allclose(got[bid][part], want[bid][part], rtol=1e-4, atol=1e-5), (bid, part)
-    assert _provenance(new) == _provenance(ref)
+    _assert_close_training(new, ref)
 
 
 def test_dp_requests_that_do_not_fit_the_job_are_one_line_errors(
@@ -314,15 +298,8 @@ def test_an_error_on_a_rank_is_reported_by_rank_0(home: Path, corpus: Path, tiny
     ingest("b", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
     script = tmp_path / "failing_rank.py"
     script.write_text(FAILING_RANK)
-    env = {**os.environ, "MEMCTL_HOME": str(home), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
-    proc = subprocess.run(
-        [*cmd, "train", "--bank", "b", "--epochs", "1", "--objective", "lm", "--preserve-pool", "64"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    args = ["train", "--bank", "b", "--epochs", "1", "--objective", "lm", "--preserve-pool", "64"]
+    proc = _launch(home, [*TORCHRUN, str(script), *args])
     assert proc.returncode != 0
     assert "error: rank 1, unit 1: unit failed on purpose" in proc.stderr  # rank 0's one line
     reg = Registry.open("b", home)
