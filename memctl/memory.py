@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,10 +30,24 @@ class LevelFetch:
     up: torch.Tensor  # (U, L, r, d)
     down: torch.Tensor  # (U, L, r, d)
     index: torch.Tensor  # (B,) long, into U; -1 = this sample fetches nothing at this level
+    _views: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def shared(self) -> bool:
         """One block serves the whole batch: a plain matmul, no per-sample gather."""
         return self.gate.shape[0] == 1 and bool((self.index == 0).all())
+
+    def weights(self, slot: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per block, its (gate, up, down) at memory layer `slot`, each (r, d).
+
+        Views made once per fetch: in training, the backward pass then writes each stacked
+        (U, L, r, d) gradient once. Indexing the stacked tensors per layer would make autograd write
+        a zero-filled gradient of the whole stack for every layer and every block it used."""
+        if self._views is None:
+            parts = [[s.unbind(0) for s in t.unbind(1)] for t in (self.gate, self.up, self.down)]
+            self._views = [list(zip(*(p[slot] for p in parts), strict=True)) for slot in range(self.gate.shape[1])]
+        return self._views[slot]
 
 
 @dataclass
@@ -57,20 +71,6 @@ class Fetched:
         """The level's per-row block index for a batch of `rows` (a multiple of `batch`)."""
         per = self.rows_per_sample(rows or self.batch)
         return lv.index.repeat_interleave(per) if per != 1 else lv.index
-
-    def level_weights(
-        self, lv: LevelFetch, slot: int, rows: int | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Level `lv` at memory layer `slot`: (G, U, D, mask), G/U/D (r, d) when one block serves
-        every row, else (B, r, d) with mask (B,) zero where a row fetches nothing. `rows`: the batch
-        the layer sees; a multiple of `batch` (beams, several samples per prompt, expanded the way
-        transformers expands inputs) repeats each sample's blocks."""
-        if lv.shared():
-            return lv.gate[0, slot], lv.up[0, slot], lv.down[0, slot], None
-        index = self.row_index(lv, rows)
-        idx = index.clamp(min=0)
-        mask = (index >= 0).to(lv.gate.dtype)  # (B,)
-        return lv.gate[idx, slot], lv.up[idx, slot], lv.down[idx, slot], mask
 
 
 # The blocks of one path for int8 serving: per memory layer, their gate and up rows as one
@@ -125,25 +125,37 @@ def _packed_delta(x: torch.Tensor, fetched: Fetched, slot: int, act: Act) -> tor
 
 
 def memory_delta(x: torch.Tensor, fetched: Fetched, slot: int, act: Act) -> torch.Tensor:
-    """Extra FFN output of the fetched neurons at memory layer `slot`. x: (B, T, d) -> (B, T, d)."""
+    """Extra FFN output of the fetched neurons at memory layer `slot`. x: (B, T, d) -> (B, T, d).
+
+    Rows are grouped by the block they fetch: one plain matmul per distinct block of a level, on
+    that block's own weights (no per-row copy of the weights, and one weight gradient per block)."""
     if fetched.packed is not None:
         return _packed_delta(x, fetched, slot, act)
-    delta = torch.zeros_like(x)
+    delta: torch.Tensor | None = None
     for lv in fetched.levels:
-        g, u, dn, mask = fetched.level_weights(lv, slot, x.shape[0])
-        g = g.to(x.dtype)
-        u = u.to(x.dtype)
-        dn = dn.to(x.dtype)
-        if g.dim() == 2:  # shared (r, d)
-            h = act(x @ g.T) * (x @ u.T)  # (B, T, r)
-            delta = delta + h @ dn  # (B, T, d)
-        else:  # per sample (B, r, d)
-            h = act(torch.bmm(x, g.transpose(1, 2))) * torch.bmm(x, u.transpose(1, 2))  # (B, T, r)
-            out = torch.bmm(h, dn)  # (B, T, d)
-            if mask is not None:
-                out = out * mask.to(x.dtype)[:, None, None]
-            delta = delta + out
-    return delta
+        blocks = lv.weights(slot)
+        if lv.shared():
+            out = _ffn(x, blocks[0], act)
+            delta = out if delta is None else delta + out
+            continue
+        index = fetched.row_index(lv, x.shape[0])
+        for b in index.unique().tolist():
+            if b < 0:  # these rows fetch nothing at this level
+                continue
+            rows = (index == b).nonzero().squeeze(1)
+            if rows.numel() == x.shape[0]:
+                out = _ffn(x, blocks[b], act)
+                delta = out if delta is None else delta + out
+            else:
+                out = _ffn(x.index_select(0, rows), blocks[b], act)
+                delta = (torch.zeros_like(x) if delta is None else delta).index_add(0, rows, out)
+    return torch.zeros_like(x) if delta is None else delta
+
+
+def _ffn(x: torch.Tensor, block: tuple[torch.Tensor, torch.Tensor, torch.Tensor], act: Act) -> torch.Tensor:
+    """One block's neurons at one layer: act(x G^T) * (x U^T) @ D, x (..., d), G/U/D (r, d)."""
+    g, u, dn = (w.to(x.dtype) for w in block)
+    return (act(x @ g.T) * (x @ u.T)) @ dn
 
 
 def init_block(

@@ -33,24 +33,30 @@ class BlockAdamW:
     @torch.no_grad()
     def step(self, touched: list[torch.Tensor]) -> None:
         """touched[i]: 1-D long tensor of the block rows of params[i] that were used this step."""
-        b1, b2 = self.betas
-        for p, m, v, steps, rows in zip(self.params, self.m, self.v, self.steps, touched, strict=True):
+        for i, rows in enumerate(touched):
+            p = self.params[i]
             if p.grad is None or rows.numel() == 0:
                 continue
             rows = rows.unique()
-            g = p.grad[rows]
-            steps[rows] += 1
-            t = steps[rows].to(p.dtype).view(-1, *([1] * (p.dim() - 1)))
-            m_r = m[rows].mul_(b1).add_(g, alpha=1 - b1)
-            v_r = v[rows].mul_(b2).addcmul_(g, g, value=1 - b2)
-            m[rows] = m_r
-            v[rows] = v_r
-            m_hat = m_r / (1 - b1**t)
-            v_hat = v_r / (1 - b2**t)
-            p_r = p[rows]
-            p_r.mul_(1 - self.lr * self.weight_decay)
-            p_r.sub_(self.lr * m_hat / (v_hat.sqrt() + self.eps))
-            p[rows] = p_r
+            self.steps[i][rows] += 1
+            if rows.numel() == p.shape[0]:  # every block: in place, no gather or scatter
+                self._update(p, p.grad, self.m[i], self.v[i], self.steps[i])
+                continue
+            p_r, m_r, v_r = p.index_select(0, rows), self.m[i].index_select(0, rows), self.v[i].index_select(0, rows)
+            self._update(p_r, p.grad.index_select(0, rows), m_r, v_r, self.steps[i][rows])
+            p.index_copy_(0, rows, p_r)
+            self.m[i].index_copy_(0, rows, m_r)
+            self.v[i].index_copy_(0, rows, v_r)
+
+    def _update(self, p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, steps: torch.Tensor) -> None:
+        """AdamW on blocks (first dimension), each with its own step count, all in place:
+        p <- p (1 - lr wd) - lr m_hat / (sqrt(v_hat) + eps)."""
+        b1, b2 = self.betas
+        t = steps.to(p.dtype).view(-1, *([1] * (p.dim() - 1)))
+        m.mul_(b1).add_(g, alpha=1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        denom = v.div(1 - b2**t).sqrt_().add_(self.eps).mul_(1 - b1**t)  # m / denom = m_hat / (sqrt(v_hat) + eps)
+        p.mul_(1 - self.lr * self.weight_decay).addcdiv_(m, denom, value=-self.lr)
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -69,7 +75,7 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> float:
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return 0.0
-    norm = math.sqrt(sum(float(g.pow(2).sum()) for g in grads))
+    norm = math.sqrt(sum(float(torch.linalg.vector_norm(g)) ** 2 for g in grads))
     if norm > max_norm > 0:
         for g in grads:
             g.mul_(max_norm / (norm + 1e-6))

@@ -39,6 +39,29 @@ def test_block_adamw_leaves_untouched_blocks_exactly_alone() -> None:
     assert opt.steps[0].tolist() == [0, 3, 0, 0]
 
 
+def test_block_adamw_is_adamw_per_block() -> None:
+    """Blocks touched at every step follow torch's AdamW; a block touched at some steps only follows
+    AdamW over those steps, as if the others had not happened."""
+    g = torch.Generator().manual_seed(0)
+    init = torch.randn(3, 4, 6, generator=g)
+    grads = [torch.randn(3, 4, 6, generator=g) for _ in range(5)]
+    p = init.clone().requires_grad_(True)
+    opt = BlockAdamW([p], lr=0.05, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    ref = [init[i].clone().requires_grad_(True) for i in range(3)]
+    refs = [torch.optim.AdamW([r], lr=0.05, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1) for r in ref]
+    for step, grad in enumerate(grads):
+        rows = [0, 1, 2] if step % 2 == 0 else [0, 2]  # block 1 sits out the odd steps
+        p.grad = grad.clone()
+        opt.step([torch.tensor(rows)])
+        opt.zero_grad()
+        for i in rows:
+            ref[i].grad = grad[i].clone()
+            refs[i].step()
+    for i in range(3):
+        torch.testing.assert_close(p.detach()[i], ref[i].detach(), rtol=0, atol=1e-6)
+    assert opt.steps[0].tolist() == [5, 3, 5]
+
+
 @pytest.mark.parametrize("objective", ["lm", "distill", "mix"])
 def test_resumed_training_matches_an_uninterrupted_run(
     home: Path, corpus: Path, tiny_anchor: Path, objective: str
