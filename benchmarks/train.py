@@ -260,13 +260,13 @@ def both_runs(reg: Registry, anchor: Anchor, home: Path, tcfg: TrainConfig, spli
         except BaseException as e:  # re-raised in the main thread
             box["error"] = e
 
-    th = threading.Thread(target=lora, name="lora")
+    th = threading.Thread(target=lora, name="lora", daemon=True)  # an error or Ctrl-C here ends it too
     th.start()
     try:
         m = memctl_run(reg, anchor, tcfg, bank_units(reg), split_head, turns=turns)
     finally:
         turns.finish(MEMCTL)
-        th.join()
+    th.join()
     if "error" in box:
         raise box["error"]
     return m, box["lora"], turns

@@ -33,8 +33,7 @@ class BlockAdamW:
     @torch.no_grad()
     def step(self, touched: list[torch.Tensor]) -> None:
         """touched[i]: 1-D long tensor of the block rows of params[i] that were used this step."""
-        for i, rows in enumerate(touched):
-            p = self.params[i]
+        for i, (p, rows) in enumerate(zip(self.params, touched, strict=True)):
             if p.grad is None or rows.numel() == 0:
                 continue
             rows = rows.unique()
