@@ -37,7 +37,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from train_common import Key, Timed, Turns, bank_units, console, flops_per_token, matmul_gflops, show, unit_stream
+from train_common import (
+    Key,
+    Timed,
+    Turns,
+    bank_units,
+    console,
+    flops_per_token,
+    matmul_gflops,
+    mean_keys,
+    show,
+    unit_stream,
+)
 from train_lora import FFN, lora_answers, lora_rank, lora_run
 
 import memctl.train
@@ -45,7 +56,6 @@ from memctl.anchor import Anchor, attach, load_anchor
 from memctl.bank import ingest
 from memctl.batches import batch_loss, build_prefix_cache, collate, epoch_batches, load_samples, loss_positions
 from memctl.config import TrainConfig
-from memctl.memory import PARTS
 from memctl.optim import BlockAdamW, clip_grad_norm
 from memctl.prefix import head_split_matches
 from memctl.probes import PROBE_TOKENS, Probe, is_correct, load_probes, sample_probes, wilson
@@ -193,7 +203,7 @@ def lever_run(reg: Registry, anchor: Anchor, tcfg: TrainConfig, v: Variant, n_st
                 loss = batch_loss(anchor.model, batch, ids, mask, labels, states, start, split_head)
             loss.backward()
             clip_grad_norm(params[u].flat(), tcfg.grad_clip)
-            opts[u].step([local[j // len(PARTS)] for j in range(len(params[u].flat()))])
+            opts[u].step(params[u].touched(local))
             opts[u].zero_grad()
             if anchor_opt is not None:
                 anchor_opt.step()
@@ -262,10 +272,7 @@ def both_runs(reg: Registry, anchor: Anchor, home: Path, tcfg: TrainConfig, spli
 
     th = threading.Thread(target=lora, name="lora", daemon=True)  # an error or Ctrl-C here ends it too
     th.start()
-    try:
-        m = memctl_run(reg, anchor, tcfg, bank_units(reg), split_head, turns=turns)
-    finally:
-        turns.finish(MEMCTL)
+    m = memctl_run(reg, anchor, tcfg, bank_units(reg), split_head, turns=turns)  # hands over for good when done
     th.join()
     if "error" in box:
         raise box["error"]
@@ -285,7 +292,7 @@ def compare(a: argparse.Namespace, b: Bench, reg: Registry, home: Path, tcfg: Tr
     stream = unit_stream(reg, anchor, tcfg)
     samples = [s for _, batch in stream for s in batch]
     tokens = sum(len(s.ids) for s in samples)
-    t_att = sum(len(s.ids) * (len(s.ids) + 1) / 2 for s in samples) / tokens
+    t_att = mean_keys([len(s.ids) for s in samples])
     head_frac = sum(loss_positions([s]) for s in samples) / tokens
     rank = lora_rank(anchor, mem.fetched_params)
     torch.manual_seed(tcfg.seed)
@@ -457,7 +464,7 @@ def main() -> None:
     _keep_freed_memory()  # as memctl.train.train does
     samples = [s for u in bank_units(reg) for s in load_samples(reg, anchor, u, "lm")]
     lens = [len(s.ids) for s in samples]
-    t_att = sum(x * (x + 1) / 2 for x in lens) / sum(lens)
+    t_att = mean_keys(lens)
     split_head = head_split_matches(anchor.model, *collate(samples[:2], anchor.tokenizer.pad_token_id)[:2])
     gflops = a.gflops or matmul_gflops()
     b, mem, n = Bench(gflops, t_att, anchor), reg.config.memory, anchor.n_layers

@@ -121,6 +121,11 @@ def matmul_gflops(seconds: float = 1.5) -> float:
     return best
 
 
+def mean_keys(lengths: list[int]) -> float:
+    """Keys a token attends to on average under causal attention, over sequences of these lengths."""
+    return sum(n * (n + 1) / 2 for n in lengths) / sum(lengths)
+
+
 def flops_per_token(
     anchor: Anchor, n_fwd: int, n_bwd: int, t_att: float, extra: int, weight_grads: bool, head_frac: float = 1.0
 ) -> dict:

@@ -36,7 +36,6 @@ from .config import TrainConfig, train_config_from_json
 from .dataparallel import DataParallel
 from .distill import PrepareReport, generate_prompts, heldout_accuracy, heldout_prompts, prepare
 from .errors import BankStateError, InputError, MemctlError
-from .memory import PARTS
 from .optim import BlockAdamW, clip_grad_norm, lr_at
 from .prefix import (
     head_split_matches,
@@ -191,7 +190,7 @@ def train_unit(
         epoch, batch_idx = flat_batches[step]
         batch = [samples[i] for i in batch_idx]
         local = unit.local_index([s.path for s in batch])
-        touched = [rows for level in local for rows in [level.unique()] * len(PARTS)]  # per param, as flat()
+        touched = params.touched(local)
         opt.lr = lr_at(step, total, tcfg.lr, tcfg.warmup, tcfg.min_lr_ratio)
         mine = batch if dp is None else [samples[i] for i in dp.shard(batch_idx)]
         loss_value = 0.0

@@ -93,6 +93,10 @@ class UnitParams:
     def flat(self) -> list[torch.Tensor]:
         return [t[p] for t in self.tensors for p in PARTS]
 
+    def touched(self, local_index: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Per tensor of `flat()`, the distinct block rows that `local_index` (Unit.local_index) uses."""
+        return [rows for level in local_index for rows in [level.unique()] * len(PARTS)]
+
     def fetched(self, local_index: list[torch.Tensor]) -> Fetched:
         levels = [
             LevelFetch(t["gate"], t["up"], t["down"], idx)
