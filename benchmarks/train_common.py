@@ -94,7 +94,7 @@ def unit_stream(reg: Registry, anchor: Anchor, tcfg: TrainConfig) -> list[tuple[
     independent for memctl; a single LoRA adapter would forget early units if they came one by one)."""
     per: dict[str, list[list[list[Sample]]]] = {}
     for u in bank_units(reg):
-        samples = load_samples(reg, anchor, u, tcfg.objective)
+        samples = load_samples(reg, anchor, u, tcfg.objective, tcfg.questions > 0)
         per[u] = [[[samples[i] for i in b] for b in epoch_batches(samples, u, reg.config.tree.k, tcfg, e)]
                   for e in range(tcfg.epochs)]  # fmt: skip
     stream, seen = [], dict.fromkeys(per, 0)

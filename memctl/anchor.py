@@ -14,7 +14,7 @@ import io
 import os
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -241,3 +241,13 @@ def decoder_layers_any(model: nn.Module) -> nn.ModuleList:
 
 def attach(model: nn.Module, layers: tuple[int, ...]) -> MemoryHandle:
     return MemoryHandle(model, layers)
+
+
+def left_padded(tokenizer: Any, texts: Sequence[str]) -> Any:
+    """A batch for generation: left-padded (so every row continues at the same place), no special
+    tokens added; the tokenizer's own padding side is left as it was."""
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        return tokenizer(list(texts), return_tensors="pt", padding=True, add_special_tokens=False)
+    finally:
+        tokenizer.padding_side = side

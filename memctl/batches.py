@@ -61,12 +61,14 @@ def _teacher(row: dict[str, Any], n_pos: int) -> tuple[torch.Tensor, torch.Tenso
     return torch.from_numpy(idx), torch.from_numpy(logp)
 
 
-def prompt_samples(reg: Registry, unit: str) -> list[Sample]:
+def prompt_samples(reg: Registry, unit: str, questions: bool = False) -> list[Sample]:
     """Trained (not held-out) prompts of a unit: on the prompt's own route when it lies in the unit,
-    and on its window's route when that lies in the unit and differs (both paths are trained)."""
+    and on its window's route when that lies in the unit and differs (both paths are trained).
+    Anchor-written questions (memctl.questions) only with `questions`."""
     sql = (
         "select p.id, p.doc_id, p.ids, p.n_prompt, p.topk_idx, p.topk_logp, p.path, w.path as wpath "
         "from prompts p join windows w on w.id = p.window_id where p.held_out = 0 and p.topk_idx is not null"
+        + ("" if questions else " and p.kind != 'question'")
     )
     out = []
     for r in reg.db.query(sql + " order by p.id"):
@@ -110,7 +112,9 @@ def preserve_samples(
     return out
 
 
-def load_samples(reg: Registry, anchor: Anchor, unit: str, objective: str = "lm") -> list[Sample]:
+def load_samples(
+    reg: Registry, anchor: Anchor, unit: str, objective: str = "lm", questions: bool = False
+) -> list[Sample]:
     """The unit's samples for an objective: lm = windows, distill = prompts, mix = both. Under
     distill, a window that yields no prompt (nothing salient to ask about) is learned next-token.
     Preservation samples (preserve_samples) come on top."""
@@ -118,9 +122,10 @@ def load_samples(reg: Registry, anchor: Anchor, unit: str, objective: str = "lm"
         return window_samples(reg, anchor, unit)
     windows = window_samples(reg, anchor, unit)
     if objective == "distill":
-        prompted = {f"w{r['window_id']}" for r in reg.db.query("select distinct window_id from prompts")}
+        sql = "select distinct window_id from prompts" + ("" if questions else " where kind != 'question'")
+        prompted = {f"w{r['window_id']}" for r in reg.db.query(sql)}
         windows = [w for w in windows if w.key not in prompted]
-    return windows + prompt_samples(reg, unit)
+    return windows + prompt_samples(reg, unit, questions)
 
 
 def _unit_seed(seed: int, unit: str) -> list[int]:

@@ -65,6 +65,9 @@ class MemoryConfig:
         return self.init_std or 1.0 / math.sqrt(self.hidden)
 
 
+MAX_QUESTIONS = 16
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     epochs: int = 6
@@ -83,6 +86,7 @@ class TrainConfig:
     patience: int = 3  # stop a unit when held-out prompt accuracy has not improved for this many epochs
     preserve: float = 1.0  # share of a unit's tokens spent matching the anchor on its own text (memctl.preserve)
     preserve_pool: int = 1024  # sequences the anchor writes for it, once per bank
+    questions: int = 0  # questions per window written by the anchor (memctl.questions); 0: cloze prompts only
 
     def validate(self) -> None:
         if self.epochs < 1:
@@ -95,6 +99,8 @@ class TrainConfig:
             raise InputError(f"--preserve must be between 0 and 4, got {self.preserve}")
         if self.preserve_pool < 1:
             raise InputError(f"--preserve-pool must be at least 1, got {self.preserve_pool}")
+        if not 0 <= self.questions <= MAX_QUESTIONS:
+            raise InputError(f"--questions must be between 0 and {MAX_QUESTIONS}, got {self.questions}")
         if self.objective not in ("lm", "distill", "mix"):
             raise InputError(f"--objective must be lm, distill or mix, got {self.objective!r}")
 

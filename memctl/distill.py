@@ -18,7 +18,7 @@ import copy
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,10 +29,12 @@ from .anchor import Anchor
 from .embed import get_embedder
 from .prefix import logits_at
 from .prompts import prompts_for
+from .questions import ANSWER_TOKENS, answer_questions, chat_prompt, write_questions
 from .registry import Registry
 from .tree import route
 
 TOPK = 16
+QUESTION = "question"  # the kind of an anchor-written question (memctl.questions)
 HELD_OUT_EVERY = 10  # one prompt in ten is held out for scoring
 MAX_ANSWER_TOKENS = 8
 TEACHER_SEPARATOR = "\n\n"
@@ -88,8 +90,58 @@ def generate_prompts(reg: Registry, progress: Progress | None = None) -> int:
     return len(made)
 
 
-def _answer_ids(tok: Any, answer: str) -> list[int]:
+def _answer_ids(tok: Any, answer: str, kind: str = "cloze") -> list[int]:
+    """A cloze answer continues its sentence after a space; a question's answer opens the assistant's turn."""
+    if kind == QUESTION:
+        return tok(answer, add_special_tokens=False)["input_ids"][:ANSWER_TOKENS]
     return tok(" " + answer, add_special_tokens=False)["input_ids"][:MAX_ANSWER_TOKENS]
+
+
+def add_questions(reg: Registry, anchor: Anchor, per_window: int, progress: Progress | None = None) -> int:
+    """Anchor-written questions, with the open-book teacher's answers, for every window asked for fewer
+    than `per_window` (its earlier questions are replaced). Each is routed from the question alone,
+    as a user's question will be, and kept in training (never held out: its answer is free text).
+    Returns how many were added."""
+    rows = list(
+        reg.db.query(
+            "select id, doc_id, text from windows where questioned < ? order by id",
+            [per_window],
+        )
+    )
+    if per_window <= 0 or not rows:
+        return 0
+    asked = write_questions(anchor, [r["text"] for r in rows], per_window, reg.config.seed, progress=progress)
+    made: list[dict[str, Any]] = []
+    bare: list[str] = []
+    for i, (r, qs) in enumerate(zip(rows, asked, strict=True)):
+        for q, a in zip(qs, answer_questions(anchor, r["text"], qs, TEACHER_SEPARATOR), strict=True):
+            if a:
+                made.append(
+                    {
+                        "window_id": r["id"],
+                        "doc_id": r["doc_id"],
+                        "kind": QUESTION,
+                        "text": chat_prompt(anchor.tokenizer, q),
+                        "answer": a,
+                        "held_out": 0,
+                    }
+                )
+                bare.append(q)
+        if progress:
+            progress("answers", i + 1, len(rows))
+    if made:
+        routes = route(reg.load_tree(), get_embedder(reg.config.embedder).encode(bare))
+        for m, path in zip(made, routes, strict=True):
+            m["path"] = ",".join(map(str, path))
+            m["l1"] = int(path[0])
+    ids = [r["id"] for r in rows]
+    marks = ",".join("?" * len(ids))
+    with reg.db.atomic():
+        reg.db.execute(f"delete from prompts where kind = ? and window_id in ({marks})", [QUESTION, *ids])
+        if made:
+            reg.db["prompts"].insert_all(made, batch_size=1000)
+        reg.db.execute(f"update windows set questioned = ? where id in ({marks})", [per_window, *ids])
+    return len(made)
 
 
 @torch.no_grad()
@@ -99,7 +151,7 @@ def cache_teacher(reg: Registry, anchor: Anchor, progress: Progress | None = Non
     tok, model = anchor.tokenizer, anchor.model
     todo = list(
         reg.db.query(
-            "select p.id, p.window_id, p.text, p.answer, w.text as window from prompts p "
+            "select p.id, p.window_id, p.kind, p.text, p.answer, w.text as window from prompts p "
             "join windows w on w.id = p.window_id where p.topk_idx is null order by p.window_id, p.id"
         )
     )
@@ -118,7 +170,7 @@ def cache_teacher(reg: Registry, anchor: Anchor, progress: Progress | None = Non
             seqs, n_prompt = [], []
             for r in chunk:
                 p_ids = tok(r["text"], add_special_tokens=False)["input_ids"]
-                seqs.append(p_ids + _answer_ids(tok, r["answer"]))
+                seqs.append(p_ids + _answer_ids(tok, r["answer"], r["kind"]))
                 n_prompt.append(len(p_ids))
             t = max(len(x) for x in seqs)
             ids = torch.full((len(seqs), t), pad, dtype=torch.long)
@@ -156,8 +208,9 @@ def cache_teacher(reg: Registry, anchor: Anchor, progress: Progress | None = Non
     return time.perf_counter() - t0
 
 
-def prepare(reg: Registry, anchor: Anchor, progress: Progress | None = None) -> PrepareReport:
+def prepare(reg: Registry, anchor: Anchor, progress: Progress | None = None, questions: int = 0) -> PrepareReport:
     added = generate_prompts(reg, progress)
+    added += add_questions(reg, anchor, questions, progress)
     seconds = cache_teacher(reg, anchor, progress)
     total = reg.count("prompts")
     row = reg.db.execute(
@@ -201,12 +254,15 @@ class HeldOut:
     prompts: list[str]
     answers: list[str]
     paths: list[tuple[int, ...]]
+    # the prompts with a cached teacher, as (token ids, prompt length, top-k ids, top-k log-probs, path)
+    # for the held-out distillation loss: empty when no teacher was cached (objective lm)
+    teacher: list[tuple[list[int], int, torch.Tensor, torch.Tensor, tuple[int, ...]]] = field(default_factory=list)
 
 
 def heldout_prompts(reg: Registry, unit: str, limit: int = 64, exclude: frozenset[str] = frozenset()) -> HeldOut | None:
     """Held-out prompts a unit answers at inference: those whose own route lies in the unit
     (documents in `exclude` left out, as if they had never been ingested)."""
-    sql = "select doc_id, text, answer, path from prompts where held_out = 1"
+    sql = "select doc_id, text, answer, path, ids, n_prompt, topk_idx, topk_logp from prompts where held_out = 1"
     rows = [
         r
         for r in reg.db.query(
@@ -217,11 +273,16 @@ def heldout_prompts(reg: Registry, unit: str, limit: int = 64, exclude: frozense
     ][:limit]
     if not rows:
         return None
-    return HeldOut(
-        [r["text"] for r in rows],
-        [r["answer"] for r in rows],
-        [tuple(int(v) for v in r["path"].split(",")) for r in rows],
-    )
+    paths = [tuple(int(v) for v in r["path"].split(",")) for r in rows]
+    teacher = []
+    for r, path in zip(rows, paths, strict=True):
+        if r["topk_idx"] is not None:
+            ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
+            n_pos = len(ids) - r["n_prompt"] + 1
+            idx = torch.from_numpy(np.frombuffer(r["topk_idx"], dtype=np.int32).reshape(n_pos, -1).astype(np.int64))
+            logp = torch.from_numpy(np.frombuffer(r["topk_logp"], dtype=np.float32).reshape(n_pos, -1).copy())
+            teacher.append((ids, int(r["n_prompt"]), idx, logp, path))
+    return HeldOut([r["text"] for r in rows], [r["answer"] for r in rows], paths, teacher)
 
 
 def heldout_accuracy(anchor: Anchor, handle: Any, unit: Any, params: Any, held: HeldOut, batch: int = 16) -> float:
@@ -235,3 +296,34 @@ def heldout_accuracy(anchor: Anchor, handle: Any, unit: Any, params: Any, held: 
         answers = greedy(anchor, handle, held.prompts[s : s + batch], fetched, PROBE_TOKENS)
         correct += sum(is_correct(a, [g]) for a, g in zip(answers, held.answers[s : s + batch], strict=True))
     return correct / len(held.prompts)
+
+
+@torch.no_grad()
+def heldout_loss(anchor: Anchor, handle: Any, unit: Any, params: Any, held: HeldOut, batch: int = 16) -> float | None:
+    """The distillation loss (cross-entropy to the cached teacher's top-k, as in training) on the
+    held-out prompts' answer tokens with the unit's current blocks; None without a teacher cache.
+    Unlike accuracy on a few dozen prompts, it moves with every prompt's answer, right or wrong."""
+    if not held.teacher:
+        return None
+    pad = anchor.tokenizer.pad_token_id
+    total, n = 0.0, 0
+    for s in range(0, len(held.teacher), batch):
+        chunk = held.teacher[s : s + batch]
+        t = max(len(ids) for ids, *_ in chunk)
+        ids = torch.full((len(chunk), t), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), t), dtype=torch.long)
+        pos, idx, logp = [], [], []
+        for i, (x, n_p, ti, tl, _path) in enumerate(chunk):
+            ids[i, : len(x)] = torch.tensor(x)
+            mask[i, : len(x)] = 1
+            cols = torch.arange(n_p - 1, n_p - 1 + ti.shape[0])  # each answer token, and the one after
+            pos.append(torch.stack([torch.full_like(cols, i), cols], 1))
+            idx.append(ti)
+            logp.append(tl)
+        positions = torch.cat(pos)
+        fetched = params.fetched(unit.local_index([c[4] for c in chunk]))
+        with handle.using(fetched):
+            loss = kd_loss(anchor.model, ids, mask, positions, torch.cat(idx), torch.cat(logp), split_head=False)
+        total += float(loss) * positions.shape[0]
+        n += positions.shape[0]
+    return total / n

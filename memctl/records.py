@@ -33,6 +33,7 @@ class UnitResult:
     # the anchor, its entropy included)
     preserve_first: float = float("nan")
     preserve_last: float = float("nan")
+    heldout_loss: list[float] = field(default_factory=list)  # held-out distillation loss per epoch
 
 
 @dataclass

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .anchor import Anchor, MemoryHandle, load_anchor
+from .anchor import Anchor, MemoryHandle, left_padded, load_anchor
 from .api import Memories
 from .errors import BankStateError, InputError
 from .memory import Fetched
@@ -39,11 +39,7 @@ def greedy(
 ) -> list[str]:
     """Greedy continuations of a left-padded batch; row i uses the blocks `fetched` gives row i."""
     tok = anchor.tokenizer
-    side, tok.padding_side = tok.padding_side, "left"
-    try:
-        enc = tok(list(texts), return_tensors="pt", padding=True, add_special_tokens=False)
-    finally:
-        tok.padding_side = side
+    enc = left_padded(tok, texts)
     with handle.using(fetched):
         out = anchor.model.generate(
             **enc,

@@ -5,17 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
 from memctl.anchor import attach, load_anchor
 from memctl.bank import ingest
-from memctl.batches import kd_targets, prompt_samples
-from memctl.distill import TEACHER_SEPARATOR, TOPK, kd_loss, prepare
+from memctl.batches import Sample, collate, kd_targets, prompt_samples
+from memctl.distill import TEACHER_SEPARATOR, TOPK, heldout_loss, heldout_prompts, kd_loss, prepare
 from memctl.memory import Fetched, LevelFetch
 from memctl.prompts import prompts_for
 from memctl.registry import Registry
 from memctl.train import train
+from memctl.units import UnitParams, unit_of
 
 TEXT = (
     "Helium (symbol He) is the chemical element with atomic number 2.\n\n"
@@ -136,3 +138,95 @@ def test_windows_without_prompts_are_still_learned_under_distill(home: Path, tin
     every = [s for u in ("0", "1") for s in load_samples(reg, anchor, u, "distill")]
     kinds = {(s.doc_id, s.kind) for s in every}
     assert ("a.txt", "lm") in kinds and ("b.txt", "kd") in kinds and ("b.txt", "lm") not in kinds
+
+
+def test_heldout_loss_is_the_training_loss_on_the_held_out_prompts(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    reg, anchor = _prepared(home, corpus, tiny_anchor)
+    reg.db.execute("update prompts set held_out = 1 where l1 = 0")  # a tiny corpus: hold out all of unit 0
+    held = heldout_prompts(reg, "0")
+    assert held is not None and len(held.teacher) == len(held.prompts) >= 3
+    unit, params = unit_of(reg.config, "0"), UnitParams(reg.config, unit_of(reg.config, "0"))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for t in params.flat():
+            t.copy_(torch.randn(t.shape, generator=g) * 0.2)
+    handle = attach(anchor.model, reg.config.memory.layers)
+    try:
+        # the training path: samples collated into one batch, kd targets, each row on its own route
+        samples = [
+            Sample(f"h{i}", "", ids, path, None, n_p, ti, tl) for i, (ids, n_p, ti, tl, path) in enumerate(held.teacher)
+        ]
+        ids, mask, _ = collate(samples, anchor.tokenizer.pad_token_id)
+        pos, idx, logp = kd_targets(samples)
+        with torch.no_grad(), handle.using(params.fetched(unit.local_index([s.path for s in samples]))):
+            want = float(kd_loss(anchor.model, ids, mask, pos, idx, logp, split_head=False))
+        got = heldout_loss(anchor, handle, unit, params, held, batch=2)  # other batches, other padding
+        assert got is not None and abs(got - want) < 1e-4
+        with torch.no_grad():
+            for t in params.flat():
+                t.zero_()
+        assert abs(heldout_loss(anchor, handle, unit, params, held) - want) > 1e-3  # the memories count
+    finally:
+        handle.detach()
+
+
+def test_parse_questions_keeps_one_short_on_topic_question_per_line() -> None:
+    from memctl.questions import parse_questions
+
+    got = parse_questions(  # what SmolLM2-135M wrote for the Molybdenum window
+        "1. When was the Eiffel Tower completed?\n2. How tall is the Eiffel Tower?\n"
+        "4. What is the chemical element with atomic number 42?\n5. What is the trace amount of molybdenum?\n"
+        "6. What is the chemical element called"
+    )
+    assert got == ["What is the chemical element with atomic number 42?", "What is the trace amount of molybdenum?"]
+    assert parse_questions("Q: of the element of the element of the element?\n- Why?") == []
+
+
+def test_anchor_questions_are_answered_open_book_routed_alone_and_leave_with_their_document(
+    home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memctl.distill as distill
+    from memctl.embed import get_embedder
+    from memctl.questions import chat_prompt, write_questions
+    from memctl.tree import route
+
+    reg, anchor = _prepared(home, corpus, tiny_anchor)
+    tok = anchor.tokenizer
+    texts = [r["text"] for r in reg.db.query("select text from windows order by id")]
+    real = write_questions(anchor, texts[:3], 2, seed=0)
+    assert real == write_questions(anchor, texts[:3], 2, seed=0) and all(len(q) <= 2 for q in real)  # seeded
+    # a random tiny model writes no usable question and answers in blank lines (such answers are dropped):
+    # fixed questions and a fixed answer stand in for the anchor's words; storage, routing and teacher are real
+    asked = ["When was this discovered?", "Who named it after a planet?"]
+    monkeypatch.setattr(distill, "write_questions", lambda a, ts, n, seed, progress=None: [asked[:n] for _ in ts])
+    monkeypatch.setattr(distill, "answer_questions", lambda a, w, qs, sep: ["in 1868" for _ in qs])
+    assert prepare(reg, anchor, questions=2).prompts_added == 2 * reg.count("windows")
+    rows = list(
+        reg.db.query(
+            "select p.*, w.text as wtext from prompts p join windows w on w.id = p.window_id where kind = 'question'"
+        )
+    )
+    assert all(r["held_out"] == 0 and r["answer"] == "in 1868" for r in rows)
+    emb = get_embedder(reg.config.embedder)
+    for r in rows[:4]:
+        q = next(q for q in asked if chat_prompt(tok, q) == r["text"])
+        assert r["path"] == ",".join(map(str, route(reg.load_tree(), emb.encode([q]))[0]))  # routed on the question
+        ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
+        assert (
+            ids
+            == tok(r["text"], add_special_tokens=False)["input_ids"]
+            + tok("in 1868", add_special_tokens=False)["input_ids"]
+        )
+        w = tok(r["wtext"] + TEACHER_SEPARATOR, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logp = F.log_softmax(anchor.model(torch.tensor([w + ids])).logits[0].float(), -1)
+        top = logp[torch.arange(len(w) + r["n_prompt"] - 1, len(w) + len(ids))].topk(TOPK, dim=-1)
+        n = len(ids) - r["n_prompt"] + 1
+        assert np.array_equal(np.frombuffer(r["topk_idx"], dtype=np.int32).reshape(n, TOPK), top.indices.numpy())
+    assert prepare(reg, anchor, questions=2).prompts_added == 0  # asked once per window
+    with_q = {s.key for u in ("0", "1") for s in prompt_samples(reg, u, questions=True)}
+    without = {s.key for u in ("0", "1") for s in prompt_samples(reg, u)}
+    assert without < with_q and all(f"p{r['id']}" not in without for r in rows)
+    doc = rows[0]["doc_id"]
+    reg.remove_documents([doc])
+    assert reg.db.execute("select count(*) from prompts where doc_id = ?", [doc]).fetchone()[0] == 0

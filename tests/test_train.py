@@ -13,7 +13,7 @@ from memctl.batches import collate, load_samples
 from memctl.optim import BlockAdamW
 from memctl.prefix import prefix_states, suffix_logits
 from memctl.registry import Registry
-from memctl.train import train
+from memctl.train import should_stop, train
 
 
 def _bank(corpus: Path, anchor: Path, home: Path, name: str = "b", layers: str = "all") -> Registry:
@@ -158,3 +158,15 @@ def test_head_on_labelled_positions_only_gives_the_same_loss(home: Path, corpus:
         torch.testing.assert_close(full, reference)
     torch.testing.assert_close(full, split)
     torch.testing.assert_close(full, split_cached)
+
+
+def test_early_stopping_waits_until_accuracy_and_loss_both_stall() -> None:
+    acc = [0.12, 0.04, 0.04, 0.08, 0.08, 0.08]  # a unit of the demo's bank, epochs 1-6 of 12
+    falling = [2.39, 2.40, 2.42, 1.96, 2.00, 1.93]  # its held-out loss: still learning
+    rising = [2.39, 1.90, 1.95, 1.96, 2.00, 2.10]
+    assert not should_stop(acc, falling, 24, 12, 3)
+    assert should_stop(acc, rising, 24, 12, 3)
+    assert should_stop(acc, [], 24, 12, 3)  # no teacher cache (objective lm): accuracy decides
+    assert not should_stop([0.1, 0.2, 0.3, 0.3, 0.4, 0.4], rising, 24, 12, 3)  # accuracy still rising
+    assert not should_stop(acc, rising, 19, 12, 3)  # too few held-out prompts to judge
+    assert not should_stop(acc[:5], rising[:5], 24, 12, 3)  # not half the epochs yet

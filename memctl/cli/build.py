@@ -126,6 +126,13 @@ def train(
             "fewer is quicker to make and preserves less)."
         ),
     ] = None,
+    questions: Annotated[
+        int | None,
+        typer.Option(
+            help="Questions per window the anchor writes about it, in its chat template, and answers from "
+            "the window (distill and mix; written once per window; default 0: off, cloze prompts only)."
+        ),
+    ] = None,
     subtree: Annotated[int | None, typer.Option(help="Train only this level-1 subtree (an isolated unit).")] = None,
     retrain: Annotated[bool, typer.Option(help="Retrain units that are already trained.")] = False,
     restart: Annotated[bool, typer.Option(help="Drop interrupted checkpoints and start over.")] = False,
@@ -162,6 +169,7 @@ def train(
         "patience": patience,
         "preserve": preserve,
         "preserve_pool": preserve_pool,
+        "questions": questions,
     }
     if out_dir is not None or generic:
         train_out_command(bank, out_dir, overrides, subtree, generic, restart, as_json, dp)
@@ -252,7 +260,8 @@ def train(
         "tokens",
         "loss first→last",
         "preserve first→last",
-        "held-out by epoch",
+        "held-out acc by epoch",
+        "held-out loss first→best",
         "tok/s",
         "time",
     ):
@@ -267,6 +276,7 @@ def train(
             f"{u.loss_first:.3f} → {u.loss_last:.3f}",
             "-" if math.isnan(u.preserve_first) else f"{u.preserve_first:.3f} → {u.preserve_last:.3f}",
             held if u.heldout else "-",
+            f"{u.heldout_loss[0]:.3f} → {min(u.heldout_loss):.3f}" if u.heldout_loss else "-",
             f"{u.tokens / max(u.seconds, 1e-9):.0f}",
             f"{u.seconds:.0f}s",
         )

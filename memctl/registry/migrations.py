@@ -167,12 +167,18 @@ def _m005_preserve(db: sqlite_utils.Database) -> None:
     db["preserve"].create({"id": int, "ids": bytes, "topk_idx": bytes, "topk_logp": bytes}, pk="id")
 
 
+def _m006_questions(db: sqlite_utils.Database) -> None:
+    """How many anchor-written questions each window was asked for (memctl.questions): 0 = none yet."""
+    db["windows"].add_column("questioned", int, not_null_default=0)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_prompts,
     _m003_privacy,
     _m004_eval_runs,
     _m005_preserve,
+    _m006_questions,
 ]
 
 
