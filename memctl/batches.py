@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from .anchor import Anchor
 from .config import TrainConfig
-from .distill import kd_loss
+from .distill import QUESTION, kd_loss
 from .prefix import CACHE_BYTES, logits_at, prefix_states, suffix_matches
 from .registry import Registry
 from .units import GENERIC
@@ -68,7 +68,7 @@ def prompt_samples(reg: Registry, unit: str, questions: bool = False) -> list[Sa
     sql = (
         "select p.id, p.doc_id, p.ids, p.n_prompt, p.topk_idx, p.topk_logp, p.path, w.path as wpath "
         "from prompts p join windows w on w.id = p.window_id where p.held_out = 0 and p.topk_idx is not null"
-        + ("" if questions else " and p.kind != 'question'")
+        + ("" if questions else f" and p.kind != '{QUESTION}'")
     )
     out = []
     for r in reg.db.query(sql + " order by p.id"):
@@ -122,7 +122,7 @@ def load_samples(
         return window_samples(reg, anchor, unit)
     windows = window_samples(reg, anchor, unit)
     if objective == "distill":
-        sql = "select distinct window_id from prompts" + ("" if questions else " where kind != 'question'")
+        sql = "select distinct window_id from prompts" + ("" if questions else f" where kind != '{QUESTION}'")
         prompted = {f"w{r['window_id']}" for r in reg.db.query(sql)}
         windows = [w for w in windows if w.key not in prompted]
     return windows + prompt_samples(reg, unit, questions)

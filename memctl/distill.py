@@ -19,7 +19,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ from .prompts import prompts_for
 from .questions import ANSWER_TOKENS, answer_questions, chat_prompt, write_questions
 from .registry import Registry
 from .tree import route
+
+if TYPE_CHECKING:
+    from .batches import Sample
 
 TOPK = 16
 QUESTION = "question"  # the kind of an anchor-written question (memctl.questions)
@@ -102,13 +105,10 @@ def add_questions(reg: Registry, anchor: Anchor, per_window: int, progress: Prog
     than `per_window` (its earlier questions are replaced). Each is routed from the question alone,
     as a user's question will be, and kept in training (never held out: its answer is free text).
     Returns how many were added."""
-    rows = list(
-        reg.db.query(
-            "select id, doc_id, text from windows where questioned < ? order by id",
-            [per_window],
-        )
-    )
-    if per_window <= 0 or not rows:
+    if per_window <= 0:
+        return 0
+    rows = list(reg.db.query("select id, doc_id, text from windows where questioned < ? order by id", [per_window]))
+    if not rows:
         return 0
     asked = write_questions(anchor, [r["text"] for r in rows], per_window, reg.config.seed, progress=progress)
     made: list[dict[str, Any]] = []
@@ -254,15 +254,15 @@ class HeldOut:
     prompts: list[str]
     answers: list[str]
     paths: list[tuple[int, ...]]
-    # the prompts with a cached teacher, as (token ids, prompt length, top-k ids, top-k log-probs, path)
-    # for the held-out distillation loss: empty when no teacher was cached (objective lm)
-    teacher: list[tuple[list[int], int, torch.Tensor, torch.Tensor, tuple[int, ...]]] = field(default_factory=list)
+    # the prompts with a cached teacher, as distillation samples on their own route, for the held-out
+    # loss: empty when no teacher was cached (objective lm)
+    teacher: list[Sample] = field(default_factory=list)
 
 
 def heldout_prompts(reg: Registry, unit: str, limit: int = 64, exclude: frozenset[str] = frozenset()) -> HeldOut | None:
     """Held-out prompts a unit answers at inference: those whose own route lies in the unit
     (documents in `exclude` left out, as if they had never been ingested)."""
-    sql = "select doc_id, text, answer, path, ids, n_prompt, topk_idx, topk_logp from prompts where held_out = 1"
+    sql = "select id, doc_id, text, answer, path, ids, n_prompt, topk_idx, topk_logp from prompts where held_out = 1"
     rows = [
         r
         for r in reg.db.query(
@@ -273,15 +273,15 @@ def heldout_prompts(reg: Registry, unit: str, limit: int = 64, exclude: frozense
     ][:limit]
     if not rows:
         return None
+    from .batches import Sample, _teacher  # batches imports this module
+
     paths = [tuple(int(v) for v in r["path"].split(",")) for r in rows]
     teacher = []
     for r, path in zip(rows, paths, strict=True):
         if r["topk_idx"] is not None:
             ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
-            n_pos = len(ids) - r["n_prompt"] + 1
-            idx = torch.from_numpy(np.frombuffer(r["topk_idx"], dtype=np.int32).reshape(n_pos, -1).astype(np.int64))
-            logp = torch.from_numpy(np.frombuffer(r["topk_logp"], dtype=np.float32).reshape(n_pos, -1).copy())
-            teacher.append((ids, int(r["n_prompt"]), idx, logp, path))
+            idx, logp = _teacher(r, len(ids) - r["n_prompt"] + 1)
+            teacher.append(Sample(f"p{r['id']}", r["doc_id"], ids, path, None, r["n_prompt"], idx, logp))
     return HeldOut([r["text"] for r in rows], [r["answer"] for r in rows], paths, teacher)
 
 
@@ -303,27 +303,17 @@ def heldout_loss(anchor: Anchor, handle: Any, unit: Any, params: Any, held: Held
     """The distillation loss (cross-entropy to the cached teacher's top-k, as in training) on the
     held-out prompts' answer tokens with the unit's current blocks; None without a teacher cache.
     Unlike accuracy on a few dozen prompts, it moves with every prompt's answer, right or wrong."""
+    from .batches import collate, kd_targets  # batches imports this module
+
     if not held.teacher:
         return None
-    pad = anchor.tokenizer.pad_token_id
     total, n = 0.0, 0
     for s in range(0, len(held.teacher), batch):
         chunk = held.teacher[s : s + batch]
-        t = max(len(ids) for ids, *_ in chunk)
-        ids = torch.full((len(chunk), t), pad, dtype=torch.long)
-        mask = torch.zeros((len(chunk), t), dtype=torch.long)
-        pos, idx, logp = [], [], []
-        for i, (x, n_p, ti, tl, _path) in enumerate(chunk):
-            ids[i, : len(x)] = torch.tensor(x)
-            mask[i, : len(x)] = 1
-            cols = torch.arange(n_p - 1, n_p - 1 + ti.shape[0])  # each answer token, and the one after
-            pos.append(torch.stack([torch.full_like(cols, i), cols], 1))
-            idx.append(ti)
-            logp.append(tl)
-        positions = torch.cat(pos)
-        fetched = params.fetched(unit.local_index([c[4] for c in chunk]))
-        with handle.using(fetched):
-            loss = kd_loss(anchor.model, ids, mask, positions, torch.cat(idx), torch.cat(logp), split_head=False)
+        ids, mask, _ = collate(chunk, anchor.tokenizer.pad_token_id)
+        positions, idx, logp = kd_targets(chunk)
+        with handle.using(params.fetched(unit.local_index([c.path for c in chunk]))):
+            loss = kd_loss(anchor.model, ids, mask, positions, idx, logp, split_head=False)
         total += float(loss) * positions.shape[0]
         n += positions.shape[0]
     return total / n

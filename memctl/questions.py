@@ -122,16 +122,12 @@ def write_questions(
     return out
 
 
-def teacher_context(window: str, separator: str) -> str:
-    """What the teacher reads before a question: the window (memctl.distill caches its KV once)."""
-    return window + separator
-
-
 def answer_questions(
     anchor: Anchor, window: str, questions: Sequence[str], separator: str, batch: int = 8
 ) -> list[str]:
-    """The teacher's greedy answers: the window, then each question in the chat template."""
-    ctx = teacher_context(window, separator)
+    """The teacher's greedy answers: the window and `separator` (the context memctl.distill caches
+    the teacher's distributions in), then each question in the chat template."""
+    ctx = window + separator
     answers: list[str] = []
     for s in range(0, len(questions), batch):
         texts = [ctx + chat_prompt(anchor.tokenizer, q) for q in questions[s : s + batch]]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from memctl.anchor import attach, load_anchor
 from memctl.bank import ingest
-from memctl.batches import Sample, collate, kd_targets, prompt_samples
+from memctl.batches import batch_loss, collate, kd_targets, prompt_samples
 from memctl.distill import TEACHER_SEPARATOR, TOPK, heldout_loss, heldout_prompts, kd_loss, prepare
 from memctl.memory import Fetched, LevelFetch
 from memctl.prompts import prompts_for
@@ -142,9 +142,14 @@ def test_windows_without_prompts_are_still_learned_under_distill(home: Path, tin
 
 def test_heldout_loss_is_the_training_loss_on_the_held_out_prompts(home: Path, corpus: Path, tiny_anchor: Path) -> None:
     reg, anchor = _prepared(home, corpus, tiny_anchor)
+    reg.db.execute("update prompts set held_out = 0 where l1 = 0")
+    trained = prompt_samples(reg, "0")  # as training loads them, before they are held out
     reg.db.execute("update prompts set held_out = 1 where l1 = 0")  # a tiny corpus: hold out all of unit 0
     held = heldout_prompts(reg, "0")
     assert held is not None and len(held.teacher) == len(held.prompts) >= 3
+    own = {(s.key, s.path) for s in held.teacher}  # each held-out prompt on its own route
+    samples = [s for s in trained if (s.key, s.path) in own]
+    assert len(samples) == len(held.teacher)
     unit, params = unit_of(reg.config, "0"), UnitParams(reg.config, unit_of(reg.config, "0"))
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -152,14 +157,10 @@ def test_heldout_loss_is_the_training_loss_on_the_held_out_prompts(home: Path, c
             t.copy_(torch.randn(t.shape, generator=g) * 0.2)
     handle = attach(anchor.model, reg.config.memory.layers)
     try:
-        # the training path: samples collated into one batch, kd targets, each row on its own route
-        samples = [
-            Sample(f"h{i}", "", ids, path, None, n_p, ti, tl) for i, (ids, n_p, ti, tl, path) in enumerate(held.teacher)
-        ]
-        ids, mask, _ = collate(samples, anchor.tokenizer.pad_token_id)
-        pos, idx, logp = kd_targets(samples)
+        # the training loss on the same prompts, loaded as training loads them, in one batch
+        ids, mask, labels = collate(samples, anchor.tokenizer.pad_token_id)
         with torch.no_grad(), handle.using(params.fetched(unit.local_index([s.path for s in samples]))):
-            want = float(kd_loss(anchor.model, ids, mask, pos, idx, logp, split_head=False))
+            want = float(batch_loss(anchor.model, samples, ids, mask, labels, None, 0, False))
         got = heldout_loss(anchor, handle, unit, params, held, batch=2)  # other batches, other padding
         assert got is not None and abs(got - want) < 1e-4
         with torch.no_grad():
