@@ -5,7 +5,7 @@ probes.jsonl and on probes-rephrased.jsonl (the same facts in words no prompt ru
 the anchor alone and the open-book ceiling (oracle-rag: the probe's document in the prompt).
 Compute is reported as student tokens trained and wall-clock seconds (the teacher pass included).
 
-    python benchmarks/objectives.py [--epochs lm=6,distill=6,mix=4] [--out demo-out/objectives]
+    python benchmarks/objectives.py [--epochs lm=12,distill=12,mix=6] [--out demo-out/objectives]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def scores(env: dict[str, str], bank: str, probes: Path, setups: str) -> dict[st
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--epochs", default="lm=6,distill=6,mix=4")
+    ap.add_argument("--epochs", default="lm=12,distill=12,mix=6")
     ap.add_argument("--memory-layers", default="last:10")
     ap.add_argument("--out", default=str(ROOT / "demo-out" / "objectives"))
     a = ap.parse_args()

@@ -41,7 +41,7 @@ def step(name: str, args: list[str], env: dict[str, str], times: dict[str, float
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=str(ROOT / "demo-out"))
-    ap.add_argument("--epochs", default="6")
+    ap.add_argument("--epochs", default=None, help="passes over the windows (default: memctl's default)")
     ap.add_argument("--lr", default="1e-2")
     ap.add_argument("--batch-size", default="4")
     ap.add_argument("--memory-layers", default="last:10")
@@ -78,8 +78,9 @@ def main() -> None:
     )
     step("info", memctl + ["info", "--bank", "elements"], env, times)
     objective = ["--objective", a.objective] if a.objective else []
-    train_args = ["train", "--bank", "elements", "--epochs", a.epochs, "--lr", a.lr, "--batch-size", a.batch_size]
-    step("train", memctl + train_args + objective, env, times)
+    epochs = ["--epochs", a.epochs] if a.epochs else []
+    train_args = ["train", "--bank", "elements", "--lr", a.lr, "--batch-size", a.batch_size]
+    step("train", memctl + train_args + epochs + objective, env, times)
     extra = ["--limit", a.limit] if a.limit else []
     results = {}
     full = ["--block-fraction", "0,0.0625,0.125,0.25"]

@@ -98,7 +98,7 @@ def ingest(
 @app.command()
 def train(
     bank: BankOpt,
-    epochs: Annotated[int | None, typer.Option(help="Passes over each unit's windows (default 6).")] = None,
+    epochs: Annotated[int | None, typer.Option(help="Passes over each unit's windows (default 12).")] = None,
     lr: Annotated[float | None, typer.Option(help="Peak learning rate (default 1e-2).")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Windows per step (default 4).")] = None,
     seed: Annotated[int | None, typer.Option(help="Seed of the data order.")] = None,
