@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 
 Act = Callable[[torch.Tensor], torch.Tensor]
 PARTS = ("gate", "up", "down")
@@ -73,9 +72,22 @@ class Fetched:
         return lv.index.repeat_interleave(per) if per != 1 else lv.index
 
 
-# The blocks of one path for int8 serving: per memory layer, their gate and up rows as one
-# dynamically quantized Linear (d -> 2r, r the path's total rank), their down as another (r -> d), and r.
-Packed = list[tuple[nn.Module, nn.Module, int]]
+# The blocks of one path for int8 serving: per memory layer, their gate and up rows as one int8
+# matrix (d -> 2r, r the path's total rank) and their down as another (r -> d), each prepacked for
+# torch's dynamic-quantization kernel (fbgemm on x86), with r and d.
+Packed = list[tuple[Any, Any, int, int]]
+
+
+def _prepack(weight: torch.Tensor) -> Any:
+    """One (out, in) weight quantized as torch.ao's `quantize_dynamic` quantizes nn.Linear under
+    `default_dynamic_qconfig` (per-tensor symmetric qint8), prepacked for `quantized::linear_dynamic`."""
+    observer = torch.ao.quantization.default_dynamic_qconfig.weight()
+    observer(weight)
+    scale, zero = observer.calculate_qparams()
+    with warnings.catch_warnings():  # torch marks its quantized tensors deprecated (still in 2.13)
+        warnings.simplefilter("ignore")
+        qweight = torch.quantize_per_tensor(weight, float(scale), int(zero), torch.qint8)
+    return torch.ops.quantized.linear_prepack(qweight, None)
 
 
 def pack_int8(blocks: list[dict[str, torch.Tensor]]) -> Packed:
@@ -83,36 +95,36 @@ def pack_int8(blocks: list[dict[str, torch.Tensor]]) -> Packed:
     dynamic quantization, fbgemm/x86 kernels on CPU). A batch-1 decode reads every weight once per
     token, so int8 reads a quarter of the bytes fp32 reads; the outputs differ by rounding. One pair
     of kernels per layer for the whole path: each call quantizes its input, a fixed cost per call."""
-    out: Packed = []
-    block = {p: torch.cat([b[p] for b in blocks], dim=1) for p in PARTS}  # (L, r_total, d)
+    block = {p: torch.cat([b[p] for b in blocks], dim=1).float() for p in PARTS}  # (L, r_total, d)
     n_layers, rank, hidden = block["gate"].shape
-    for slot in range(n_layers):
-        gu = nn.Linear(hidden, 2 * rank, bias=False)
-        dn = nn.Linear(rank, hidden, bias=False)
-        with torch.no_grad():
-            gu.weight.copy_(torch.cat([block["gate"][slot], block["up"][slot]]).float())
-            dn.weight.copy_(block["down"][slot].T.float())
-        pair = nn.ModuleList([gu, dn]).requires_grad_(False)
-        with warnings.catch_warnings():  # torch marks its quantized tensors deprecated (still in 2.13)
-            warnings.simplefilter("ignore")
-            spec: dict[Any, Any] = {nn.Linear: torch.ao.quantization.default_dynamic_qconfig}
-            q = torch.ao.quantization.quantize_dynamic(pair, spec, dtype=torch.qint8, inplace=True)
-        out.append((q[0], q[1], rank))
-    return out
+    return [
+        (
+            _prepack(torch.cat([block["gate"][slot], block["up"][slot]]).contiguous()),
+            _prepack(block["down"][slot].T.contiguous()),
+            rank,
+            hidden,
+        )
+        for slot in range(n_layers)
+    ]
 
 
 def packed_bytes(packed: Packed) -> int:
     """Bytes of the int8 weights (scales and zero points aside)."""
-    return sum(2 * r * gu.in_features + dn.out_features * r for gu, dn, r in packed)
+    return sum(3 * r * d for _, _, r, d in packed)
+
+
+_LINEAR_INT8 = torch.ops.quantized.linear_dynamic
 
 
 def _packed_delta(x: torch.Tensor, fetched: Fetched, slot: int, act: Act) -> torch.Tensor:
     assert fetched.packed is not None
 
     def ffn(z: torch.Tensor, packed: Packed) -> torch.Tensor:
-        gu, dn, r = packed[slot]
-        h = gu(z.float())
-        return dn(act(h[..., :r]) * h[..., r:]).to(z.dtype)
+        # the kernel called directly, as the quantized nn.Linear calls it (7-bit activations,
+        # reduce_range): the module's own call costs about as much as the kernel at batch 1
+        gu, dn, r, _ = packed[slot]
+        h = _LINEAR_INT8(z.float(), gu, True)
+        return _LINEAR_INT8(act(h[..., :r]) * h[..., r:], dn, True).to(z.dtype)
 
     if len(fetched.packed) == 1 and fetched.packed[0][0].numel() == fetched.batch:
         return ffn(x, fetched.packed[0][1])  # one path serves every row
