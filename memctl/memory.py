@@ -95,17 +95,14 @@ def pack_int8(blocks: list[dict[str, torch.Tensor]]) -> Packed:
     dynamic quantization, fbgemm/x86 kernels on CPU). A batch-1 decode reads every weight once per
     token, so int8 reads a quarter of the bytes fp32 reads; the outputs differ by rounding. One pair
     of kernels per layer for the whole path: each call quantizes its input, a fixed cost per call."""
-    block = {p: torch.cat([b[p] for b in blocks], dim=1).float() for p in PARTS}  # (L, r_total, d)
-    n_layers, rank, hidden = block["gate"].shape
-    return [
-        (
-            _prepack(torch.cat([block["gate"][slot], block["up"][slot]]).contiguous()),
-            _prepack(block["down"][slot].T.contiguous()),
-            rank,
-            hidden,
-        )
-        for slot in range(n_layers)
-    ]
+    n_layers, _, hidden = blocks[0]["gate"].shape
+    rank = sum(b["gate"].shape[1] for b in blocks)
+    packed = []
+    for slot in range(n_layers):  # one copy of each layer's rows, not of the whole path first
+        gate_up = torch.cat([b[p][slot] for p in ("gate", "up") for b in blocks]).float()  # (2 r_total, d)
+        down = torch.cat([b["down"][slot] for b in blocks]).float().T.contiguous()  # (d, r_total)
+        packed.append((_prepack(gate_up), _prepack(down), rank, hidden))
+    return packed
 
 
 def packed_bytes(packed: Packed) -> int:
