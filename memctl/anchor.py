@@ -106,7 +106,9 @@ def _save_dequantised(model: Any, tok: Any, cache: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _cache_dir(home: Path, digest: str) -> Path:
+def anchor_cache_dir(home: Path, digest: str) -> Path:
+    """Where what depends on the anchor alone is kept under a memctl home: its de-quantised weights
+    (GGUF anchors) and the preservation pools it wrote (memctl.preserve)."""
     return home / "anchors" / digest[:16]
 
 
@@ -116,6 +118,7 @@ class Anchor:
     tokenizer: Any
     path: Path
     digest: str
+    cache: Path | None = None  # anchor_cache_dir under the memctl home it was loaded for
 
     @property
     def n_layers(self) -> int:
@@ -139,7 +142,7 @@ def load_anchor(spec: str | None, home: Path, dtype: torch.dtype = torch.float32
     digest = fingerprint(path)
     try:
         if path.is_file():
-            cache = _cache_dir(home, digest)
+            cache = anchor_cache_dir(home, digest)
             if (cache / "config.json").is_file():
                 src, kw = cache, {}
             else:
@@ -161,7 +164,7 @@ def load_anchor(spec: str | None, home: Path, dtype: torch.dtype = torch.float32
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     decoder_layers(model)  # fail early on an architecture without SwiGLU MLPs
-    return Anchor(model=model, tokenizer=tok, path=path, digest=digest)
+    return Anchor(model=model, tokenizer=tok, path=path, digest=digest, cache=anchor_cache_dir(home, digest))
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

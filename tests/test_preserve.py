@@ -54,9 +54,41 @@ def test_pool_is_the_anchors_own_text_with_its_own_distributions(home: Path, cor
         assert np.array_equal(np.frombuffer(r["topk_idx"], dtype=np.int32).reshape(LENGTH, TOPK), top.indices.numpy())
         stored = np.frombuffer(r["topk_logp"], dtype=np.float32).reshape(LENGTH, TOPK)
         assert np.allclose(stored, top.values.numpy(), atol=1e-4)
-    other = _bank("b", home, corpus, tiny_anchor)  # same seed, same pool: separate jobs agree
-    prepare_pool(other, anchor, n=POOL)
+    elsewhere = home.parent / "elsewhere"  # same seed, same pool: separate jobs (no shared home) agree
+    other = _bank("b", elsewhere, corpus, tiny_anchor)
+    assert prepare_pool(other, load_anchor(str(tiny_anchor), elsewhere), n=POOL) > 0
     assert [r["ids"] for r in other.db.query("select ids from preserve order by id")] == [r["ids"] for r in rows]
+
+
+def test_pool_is_made_once_per_anchor_seed_and_size_under_a_home(
+    home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memctl.preserve as preserve
+
+    def stored(reg: Registry) -> list[tuple[bytes, bytes, bytes]]:
+        return [tuple(r.values()) for r in reg.db.query("select ids, topk_idx, topk_logp from preserve order by id")]
+
+    anchor = load_anchor(str(tiny_anchor), home)
+    first = _bank("a", home, corpus, tiny_anchor)
+    prepare_pool(first, anchor, n=POOL)
+    cache = preserve.pool_cache_file(anchor, first.config.seed + preserve.SEED, POOL)
+    assert cache is not None and cache.is_file() and cache.parent == home / "anchors"
+
+    def no_sampling(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the pool was sampled again")
+
+    monkeypatch.setattr(preserve, "sample_pool", no_sampling)
+    second = _bank("b", home, corpus, tiny_anchor)  # a later bank on the same anchor copies it
+    prepare_pool(second, anchor, n=POOL)
+    assert stored(second) == stored(first)
+    with pytest.raises(AssertionError, match="sampled again"):  # another size is another pool
+        prepare_pool(_bank("c", home, corpus, tiny_anchor), anchor, n=POOL // 2)
+    monkeypatch.undo()
+    cache.write_bytes(b"not a pool")  # a damaged cache is made again, not trusted
+    third = _bank("d", home, corpus, tiny_anchor)
+    prepare_pool(third, anchor, n=POOL)
+    assert stored(third) == stored(first)
+    assert preserve._load_cached(cache, POOL) is not None
 
 
 def test_pool_openings_are_seeded_and_bos_pools_are_the_anchors_start(tiny_anchor: Path, home: Path) -> None:
