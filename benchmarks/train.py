@@ -57,6 +57,7 @@ from memctl.bank import ingest
 from memctl.batches import batch_loss, build_prefix_cache, collate, epoch_batches, load_samples, loss_positions
 from memctl.config import TrainConfig
 from memctl.optim import BlockAdamW, clip_grad_norm
+from memctl.placement import Placement, placement
 from memctl.prefix import head_split_matches
 from memctl.probes import PROBE_TOKENS, Probe, is_correct, load_probes, sample_probes, wilson
 from memctl.records import record_unit, write_unit
@@ -178,7 +179,7 @@ def lever_run(reg: Registry, anchor: Anchor, tcfg: TrainConfig, v: Variant, n_st
     jobs = jobs[: n_steps + 1]
     start = min(mem.layers)
     cache = build_prefix_cache(anchor, start, [s for _, b in jobs for s in b]) if v.cache else None
-    params = {u: UnitParams(mcfg, owners[u]) for u in {u for u, _ in jobs}}
+    params = {u: UnitParams(mcfg, owners[u], anchor.device) for u in {u for u, _ in jobs}}
     opts = {u: BlockAdamW(pp.flat(), lr=tcfg.lr, betas=tcfg.betas, weight_decay=tcfg.weight_decay)
             for u, pp in params.items()}  # fmt: skip
     handle = attach(anchor.model, mem.layers)
@@ -196,7 +197,9 @@ def lever_run(reg: Registry, anchor: Anchor, tcfg: TrainConfig, v: Variant, n_st
             local = owners[u].local_index([s.path for s in batch])
             states = None
             if cache is not None:
-                states = torch.zeros(ids.shape[0], ids.shape[1], anchor.hidden)
+                states = torch.zeros(
+                    ids.shape[0], ids.shape[1], anchor.hidden, dtype=anchor.dtype, device=anchor.device
+                )
                 for j, smp in enumerate(batch):
                     states[j, : len(smp.ids)] = cache[smp.key]
             with handle.using(params[u].fetched(local)):
@@ -266,7 +269,8 @@ def both_runs(reg: Registry, anchor: Anchor, home: Path, tcfg: TrainConfig, spli
 
     def lora() -> None:
         try:
-            box["lora"] = lora_run(reg.config.anchor, home, stream, tcfg, rank, lora_lr, turns)
+            place = Placement(anchor.device, anchor.dtype)
+            box["lora"] = lora_run(reg.config.anchor, home, stream, tcfg, rank, lora_lr, turns, place)
         except BaseException as e:  # re-raised in the main thread
             box["error"] = e
 
@@ -448,6 +452,8 @@ def main() -> None:
     ap.add_argument("--work", default=str(ROOT / "demo-out" / "train"), help="data and MEMCTL_HOME")
     ap.add_argument("--out", default=None, help="JSON file (default: WORK/train.json)")
     ap.add_argument("--quick", action="store_true", help="16 documents, 2 epochs, 2 lever and 2 growth steps")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (memctl train --device)")
+    ap.add_argument("--dtype", default="fp32", help="fp32 or bf16 (memctl train --dtype)")
     a = ap.parse_args()
     if a.quick:
         a.docs, a.epochs, a.probes = a.docs or 16, 2, a.probes or 16
@@ -458,7 +464,8 @@ def main() -> None:
     k, p = (int(v) for v in a.tree.split(","))
     console.print(f"[dim]ingesting {corpus.name} (tree {k}x{p}, memories {a.memory_layers})[/dim]")
     reg = make_bank("train", corpus, home, (k, p), None, a.memory_layers)
-    anchor = load_anchor(reg.config.anchor, home)
+    place = placement(a.device, a.dtype)
+    anchor = load_anchor(reg.config.anchor, home, place)
     # without preservation: LoRA trains on exactly memctl's samples (compare sets the objective)
     tcfg = TrainConfig(epochs=a.epochs, lr=a.lr, batch_size=a.batch_size, objective="lm", preserve=0.0)
     _keep_freed_memory()  # as memctl.train.train does
@@ -466,10 +473,11 @@ def main() -> None:
     lens = [len(s.ids) for s in samples]
     t_att = mean_keys(lens)
     split_head = head_split_matches(anchor.model, *collate(samples[:2], anchor.tokenizer.pad_token_id)[:2])
-    gflops = a.gflops or matmul_gflops()
+    gflops = a.gflops or matmul_gflops(place=place)
     b, mem, n = Bench(gflops, t_att, anchor), reg.config.memory, anchor.n_layers
     nm = len(mem.layers)
     b.out["setup"] = {"gflops": gflops, "gflops_measured": a.gflops is None, "threads": torch.get_num_threads(),
+                      "device": place.label,
                       "windows": len(lens), "window_tokens": sum(lens), "mean_keys": t_att, "tree": [k, p],
                       "ranks": list(mem.ranks), "memory_layers": a.memory_layers, "anchor_params": anchor.n_params,
                       "fetched_params": mem.fetched_params, "train": dataclasses.asdict(tcfg), "quick": a.quick,
@@ -477,7 +485,7 @@ def main() -> None:
                                             f"last:{nm}": b.ceiling(nm, nm, 0)["issue"] / 1e9}}  # fmt: skip
     console.print(
         f"{len(lens)} windows ({sum(lens):,} tokens), tree {k}x{p}, ranks {mem.ranks}, memories {a.memory_layers}; "
-        f"matmul {gflops:.0f} GFLOP/s fp32 ({'measured now' if a.gflops is None else 'given'}, "
+        f"matmul {gflops:.0f} GFLOP/s on {place.label} ({'measured now' if a.gflops is None else 'given'}, "
         f"{torch.get_num_threads()} threads). The issue's estimate from these shapes (4 × parameters that run): full "
         f"depth {b.out['setup']['issue_gflop_token']['all']:.2f}, last {nm} layers with the cached prefix "
         f"{b.out['setup']['issue_gflop_token'][f'last:{nm}']:.2f} GFLOP/token; the tables add attention over "

@@ -15,6 +15,7 @@ from rich.table import Table
 from memctl.anchor import Anchor, decoder_layers
 from memctl.batches import Sample, epoch_batches, load_samples
 from memctl.config import TrainConfig
+from memctl.placement import CPU, Placement
 from memctl.registry import Registry
 from memctl.units import GENERIC, units_to_train
 
@@ -107,16 +108,23 @@ def unit_stream(reg: Registry, anchor: Anchor, tcfg: TrainConfig) -> list[tuple[
     return stream
 
 
-def matmul_gflops(seconds: float = 1.5) -> float:
-    """Best fp32 matmul rate of an FFN-shaped (1024 x 576 @ 576 x 1536) and a square 1024 product."""
+def matmul_gflops(seconds: float = 1.5, place: Placement = CPU) -> float:
+    """Best matmul rate of an FFN-shaped (1024 x 576 @ 576 x 1536) and a square 1024 product, on the
+    device and in the dtype training runs in (fp32 on the CPU)."""
     best = 0.0
+    sync = torch.cuda.synchronize if place.device.type == "cuda" else (lambda: None)
     for m, k, n in ((1024, 576, 1536), (1024, 1024, 1024)):
-        a, b = torch.randn(m, k), torch.randn(k, n)
+        a = torch.randn(m, k, device=place.device, dtype=place.dtype)
+        b = torch.randn(k, n, device=place.device, dtype=place.dtype)
         a @ b  # warm-up
+        sync()
         reps, t = 0, time.perf_counter()
         while time.perf_counter() - t < seconds / 2:
             a @ b
             reps += 1
+            if reps % 64 == 0:
+                sync()
+        sync()
         best = max(best, 2 * m * k * n * reps / (time.perf_counter() - t) / 1e9)
     return best
 

@@ -12,6 +12,7 @@ from memctl.anchor import Anchor, attach, decoder_layers, load_anchor
 from memctl.batches import Sample, batch_loss, collate
 from memctl.config import TrainConfig
 from memctl.optim import lr_at
+from memctl.placement import CPU, Placement
 from memctl.prefix import head_split_matches
 from memctl.probes import PROBE_TOKENS, Probe
 from memctl.serve import greedy
@@ -31,7 +32,14 @@ LoraOut = tuple[Anchor, dict[Key, tuple[int, float]], float, int, list[float]]
 
 
 def lora_run(
-    spec: str, home: Path, stream: list[tuple[Key, list[Sample]]], tcfg: TrainConfig, rank: int, lr: float, turns: Turns
+    spec: str,
+    home: Path,
+    stream: list[tuple[Key, list[Sample]]],
+    tcfg: TrainConfig,
+    rank: int,
+    lr: float,
+    turns: Turns,
+    place: Placement = CPU,
 ) -> LoraOut:
     """Train LoRA on `stream` in order, with memctl's loss for each batch (`batch_loss`: next-token for
     windows, distillation against the cached teacher for prompts), the whole model run (no prefix
@@ -42,7 +50,7 @@ def lora_run(
     turns.begin(LORA)
     try:
         t_all = turns.clock(LORA)
-        la = load_anchor(spec, home)  # its own copy: LoRA layers go into it
+        la = load_anchor(spec, home, place)  # its own copy: LoRA layers go into it
         torch.manual_seed(tcfg.seed)
         cfg = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(FFN), bias="none")
         model = get_peft_model(la.model, cfg).get_base_model()  # the same HF model, LoRA layers injected

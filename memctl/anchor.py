@@ -24,6 +24,7 @@ from torch import nn
 
 from .errors import AnchorError
 from .memory import Fetched, memory_delta
+from .placement import CPU, Placement
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -121,6 +122,14 @@ class Anchor:
     cache: Path | None = None  # anchor_cache_dir under the memctl home it was loaded for
 
     @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
     def n_layers(self) -> int:
         return len(decoder_layers(self.model))
 
@@ -133,8 +142,10 @@ class Anchor:
         return sum(p.numel() for p in self.model.parameters())
 
 
-def load_anchor(spec: str | None, home: Path, dtype: torch.dtype = torch.float32) -> Anchor:
-    """Load and freeze the anchor. A GGUF file is de-quantised once and cached under home/anchors."""
+def load_anchor(spec: str | None, home: Path, place: Placement = CPU) -> Anchor:
+    """Load and freeze the anchor. A GGUF file is de-quantised once and cached under home/anchors
+    (in float32); the model is then cast to `place.dtype` and moved to `place.device`."""
+    dtype = torch.float32
     path = resolve_anchor(spec)
     _quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -161,6 +172,8 @@ def load_anchor(spec: str | None, home: Path, dtype: torch.dtype = torch.float32
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
+    if place != CPU:
+        model.to(device=place.device, dtype=place.dtype)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     decoder_layers(model)  # fail early on an architecture without SwiGLU MLPs

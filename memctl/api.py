@@ -29,6 +29,7 @@ from .anchor import MemoryHandle, attach, decoder_layers
 from .embed import Embedder, get_embedder
 from .errors import AnchorError, BankStateError, InputError
 from .memory import Fetched
+from .placement import Placement
 from .rag import Retriever
 from .registry import Registry, memctl_home
 from .store import DEFAULT_CACHE_MB, BlockStore
@@ -95,12 +96,14 @@ class Memories:
                 f"bank {self.reg.name!r} was built on an anchor with {want[0]} layers of width {want[1]}; "
                 f"this model has {layers} of width {hidden}"
             )
+        p = next(model.parameters())
         if self.store.int8:
-            p = next(model.parameters())
             if p.dtype != torch.float32 or p.device.type != "cpu":
                 raise AnchorError(f"int8 memories serve a float32 model on the CPU, not {p.dtype} on {p.device}")
             if torch.backends.quantized.engine == "none":
                 raise AnchorError("this torch build has no quantized CPU engine for int8 memories")
+        else:  # blocks are served where the model runs, in its dtype (a GPU model, a bf16 model)
+            self.store.set_place(Placement(p.device, p.dtype))
         self._handle = attach(model, self.cfg.memory.layers)
         return self
 

@@ -213,7 +213,7 @@ def lm_loss(
     """Mean next-token cross-entropy over the labelled positions (see prefix.logits_at)."""
     rows, cols = (labels[:, 1:] != -100).nonzero(as_tuple=True)  # position t predicts token t+1
     logits = logits_at(model, ids, mask, rows, cols, states, start, split_head)  # (N, V)
-    return F.cross_entropy(logits.float(), labels[rows, cols + 1])
+    return F.cross_entropy(logits.float(), labels[rows, cols + 1].to(logits.device))
 
 
 def build_prefix_cache(

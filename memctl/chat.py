@@ -155,6 +155,7 @@ class Chat:
         store = {k: v - stats0[k] for k, v in s.store.stats.to_dict().items()}
         tok = s.anchor.tokenizer
         enc = tok(self._fit(history, text, st.max_new_tokens), return_tensors="pt", add_special_tokens=False)
+        enc = enc.to(s.anchor.device)
         pieces: list[str] = []
 
         def emit(piece: str) -> None:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from .anchor import Anchor
 from .embed import get_embedder
-from .prefix import logits_at
+from .prefix import logits_at, on_model
 from .prompts import prompts_for
 from .questions import ANSWER_TOKENS, answer_questions, chat_prompt, write_questions
 from .registry import Registry
@@ -162,7 +162,8 @@ def cache_teacher(reg: Registry, anchor: Anchor, progress: Progress | None = Non
     pad = tok.pad_token_id
     for prompts in by_window.values():
         w_ids = tok(prompts[0]["window"] + TEACHER_SEPARATOR, add_special_tokens=False, return_tensors="pt")
-        cache = model(input_ids=w_ids["input_ids"], use_cache=True).past_key_values  # the window, once
+        (w,) = on_model(model, w_ids["input_ids"])
+        cache = model(input_ids=w, use_cache=True).past_key_values  # the window, once
         n_w = w_ids["input_ids"].shape[1]
         updates = []
         for s in range(0, len(prompts), batch):
@@ -181,20 +182,21 @@ def cache_teacher(reg: Registry, anchor: Anchor, progress: Progress | None = Non
                 mask[i, n_w : n_w + len(x)] = 1
             c = copy.deepcopy(cache)
             c.batch_repeat_interleave(len(seqs))
+            ids, mask = on_model(model, ids, mask)
             logp = F.log_softmax(
                 model(input_ids=ids, attention_mask=mask, past_key_values=c, use_cache=True).logits.float(), -1
             )  # (B, T, V)
             for i, (r, x, n_p) in enumerate(zip(chunk, seqs, n_prompt, strict=True)):
                 # positions that predict each answer token, and the one after it (where the answer ends)
-                pos = torch.arange(n_p - 1, len(x))
+                pos = torch.arange(n_p - 1, len(x), device=logp.device)
                 top = logp[i, pos].topk(TOPK, dim=-1)
                 updates.append(
                     (
                         r["id"],
                         np.asarray(x, np.int32).tobytes(),
                         n_p,
-                        top.indices.to(torch.int32).numpy().tobytes(),
-                        top.values.numpy().astype(np.float32).tobytes(),
+                        top.indices.to(torch.int32).cpu().numpy().tobytes(),
+                        top.values.cpu().numpy().astype(np.float32).tobytes(),
                     )
                 )
             done += len(chunk)
@@ -239,6 +241,7 @@ def kd_loss(
     on both sides: the student matches the teacher's whole distribution, its spread included
     (preservation: renormalising there would make every token outside the top-k less likely)."""
     logits = logits_at(model, ids, mask, positions[:, 0], positions[:, 1], states, start, split_head)  # (N, V)
+    topk_idx, topk_logp = topk_idx.to(logits.device), topk_logp.to(logits.device)
     logp_s = F.log_softmax(logits.float(), -1).gather(1, topk_idx)  # (N, k)
     if not tail:
         p_t = F.softmax(topk_logp, -1)

@@ -31,6 +31,7 @@ from .anchor import attach
 from .config import TrainConfig, train_config_from_json
 from .dataparallel import DataParallel, check_dp, make_groups
 from .errors import InputError, MemctlError
+from .placement import CPU, Placement
 from .records import TrainedUnit, commit_unit, start_run, stop_run
 from .registry import Registry, dumps, memctl_home
 from .train import (
@@ -127,7 +128,8 @@ def recv_message(src: int, unit_no: int) -> Any:
     dist.recv(size, src, tag=t_size)
     data = torch.empty(int(size.item()), dtype=torch.uint8)
     dist.recv(data, src, tag=t_data)
-    return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)  # from a rank of our own job
+    # from a rank of our own job; a GPU rank's tensors arrive on the CPU, where rank 0 writes them
+    return torch.load(io.BytesIO(data.numpy().tobytes()), map_location="cpu", weights_only=False)
 
 
 @dataclass
@@ -158,10 +160,14 @@ def train_distributed(
     progress: Callable[[TrainEvent], None] | None = None,
     max_steps: int | None = None,
     dp: int = 1,
+    place: Placement = CPU,
 ) -> TrainResult:
-    """`memctl train` on one rank of a torchrun job (see the module docstring)."""
+    """`memctl train` on one rank of a torchrun job (see the module docstring); `place` is this
+    rank's device and dtype."""
     home = home or memctl_home()
     check_dp(dp, world.size)
+    if place.device.type == "cuda":  # nccl and its object collectives use the current device
+        torch.cuda.set_device(place.device)
     with process_group(world):
         group = make_groups(world.size, dp, world.rank)
         reg, anchor, handle, result = None, None, None, TrainResult(bank=name, rank=world.rank, world=world.size)
@@ -173,7 +179,7 @@ def train_distributed(
                     tcfg, todo, done = plan_training(reg, overrides, subtree, retrain, restart)
                     plan = _Plan(dumps(dataclasses.asdict(tcfg)), todo, done)
                     if todo:
-                        anchor = load_bank_anchor(reg, home)
+                        anchor = load_bank_anchor(reg, home, place)
                         torch.manual_seed(tcfg.seed)
                         handle = attach(anchor.model, reg.config.memory.layers)
                         result.prepare, plan.split_head = prepare_training(reg, anchor, tcfg, todo, progress)
@@ -197,7 +203,7 @@ def train_distributed(
                     assert reg is not None
                     _train_main(reg, anchor, handle, tcfg, plan, world, result, flag, progress, max_steps, group)
                 elif result.assigned:
-                    _train_worker(name, home, tcfg, plan, result, flag, progress, max_steps, group)
+                    _train_worker(name, home, tcfg, plan, result, flag, progress, max_steps, group, place)
             if group is not None:
                 result.dp_steps, result.dp_bytes = group.steps, group.bytes_reduced
                 result.dp_dense_bytes = group.bytes_dense
@@ -227,6 +233,7 @@ def _train_worker(
     progress: Callable[[TrainEvent], None] | None,
     max_steps: int | None,
     group: DataParallel | None,
+    place: Placement,
 ) -> None:
     """A rank above 0: train its units (reading the registry, never writing it) and send each to rank 0:
     ("done", TrainedUnit), ("stopped", None), ("error", (class, message)), or ("skipped", None) for the
@@ -248,7 +255,7 @@ def _train_worker(
             try:
                 if reg is None:
                     reg = Registry.open(name, home)
-                    anchor = load_bank_anchor(reg, home)
+                    anchor = load_bank_anchor(reg, home, place)
                     torch.manual_seed(tcfg.seed)
                     handle = attach(anchor.model, reg.config.memory.layers)
                     _keep_freed_memory()

@@ -151,7 +151,7 @@ def memory_delta(x: torch.Tensor, fetched: Fetched, slot: int, act: Act) -> torc
         for b in index.unique().tolist():
             if b < 0:  # these rows fetch nothing at this level
                 continue
-            rows = (index == b).nonzero().squeeze(1)
+            rows = (index == b).nonzero().squeeze(1).to(x.device)  # indices stay on the CPU: no device sync
             if rows.numel() == x.shape[0]:
                 out = _ffn(x, blocks[b], act)
                 delta = out if delta is None else delta + out

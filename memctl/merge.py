@@ -30,6 +30,7 @@ from .anchor import attach
 from .distill import PrepareReport
 from .errors import BankStateError, InputError, MemctlError
 from .memory import PARTS
+from .placement import placement
 from .records import TrainedUnit, UnitResult, record_unit, run_row, write_unit
 from .registry import Registry, block_id, dumps, memctl_home, now
 from .registry.blockfile import read_block
@@ -118,8 +119,12 @@ def train_out(
     home: Path | None = None,
     progress: Callable[[TrainEvent], None] | None = None,
     max_steps: int | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> OutResult:
-    """Train one unit into `out` (blocks + manifest) without modifying the bank."""
+    """Train one unit into `out` (blocks + manifest) without modifying the bank; `device` and
+    `dtype` as for `train`."""
+    place = placement(device, dtype)
     home = home or memctl_home()
     reg = Registry.open(name, home)
     unit = _unit_name(reg, subtree, generic)
@@ -143,7 +148,7 @@ def train_out(
         snap = json.loads((work / "snapshot.json").read_text())
         all_units = [str(u) for u in sorted({r[0] for r in scratch.db.execute("select distinct l1 from windows")})]
         tcfg, _, _ = plan_training(scratch, overrides, None, True, False)
-        anchor = load_bank_anchor(scratch, home)
+        anchor = load_bank_anchor(scratch, home, place)
         torch.manual_seed(tcfg.seed)
         handle = attach(anchor.model, scratch.config.memory.layers)
         # as a full `memctl train` would: split-head check on the first unit of the whole list

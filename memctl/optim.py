@@ -28,7 +28,7 @@ class BlockAdamW:
         self.weight_decay = weight_decay
         self.m = [torch.zeros_like(p) for p in params]
         self.v = [torch.zeros_like(p) for p in params]
-        self.steps = [torch.zeros(p.shape[0], dtype=torch.long) for p in params]
+        self.steps = [torch.zeros(p.shape[0], dtype=torch.long, device=p.device) for p in params]
 
     @torch.no_grad()
     def step(self, touched: list[torch.Tensor]) -> None:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .memory import Fetched
+from .prefix import on_model
 from .serve import BankSession
 
 Progress = Callable[[str, int, int], None]
@@ -50,7 +51,7 @@ def combine(losses: Sequence[TextLoss]) -> TextLoss:
 @torch.no_grad()
 def token_losses(session: BankSession, seqs: Sequence[Sequence[int]], fetched: Fetched | None) -> list[TextLoss]:
     """NLL of each token sequence (right-padded batch) with the given blocks (None: anchor alone)."""
-    ids, mask = _pad(seqs, session.anchor.tokenizer.pad_token_id, 2)
+    ids, mask = on_model(session.anchor.model, *_pad(seqs, session.anchor.tokenizer.pad_token_id, 2))
     with session.handle.using(fetched):
         logits = session.anchor.model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (B, T, V)
     nll = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), ids[:, 1:], reduction="none")  # (B, T-1)
@@ -114,14 +115,14 @@ def answer_losses(
             a = tok(" " + answer, add_special_tokens=False)["input_ids"]
             seqs.append(p + a)
             starts.append(len(p))
-        ids, mask = _pad(seqs, tok.pad_token_id)
+        ids, mask = on_model(session.anchor.model, *_pad(seqs, tok.pad_token_id))
         paths = session.route([p for p, _a in chunk]) if mode == "fetched" else None
         with session.handle.using(session.fetch(mode, paths, len(chunk))):
             logits = session.anchor.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         logp = torch.log_softmax(logits.float(), -1)
         for i, (x, st) in enumerate(zip(seqs, starts, strict=True)):
-            pos = torch.arange(st - 1, len(x) - 1)
-            nll = -logp[i, pos, torch.tensor(x[st:], dtype=torch.long)].sum()
+            pos = torch.arange(st - 1, len(x) - 1, device=logp.device)
+            nll = -logp[i, pos, torch.tensor(x[st:], dtype=torch.long, device=logp.device)].sum()
             out.append(TextLoss(float(nll), len(x) - st))
         if progress:
             progress(stage, min(s + batch_size, len(pairs)), len(pairs))

@@ -49,9 +49,16 @@ class _Stop(Exception):
     pass
 
 
+def on_model(model: nn.Module, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors on the model's device (no copy when they are there already, as on the CPU)."""
+    device = next(model.parameters()).device
+    return tuple(t.to(device) for t in tensors)
+
+
 @torch.no_grad()
 def prefix_states(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, start: int) -> torch.Tensor:
     """Input of decoder layer `start`: (B, T) ids -> (B, T, d). Layers from `start` on never run."""
+    ids, mask = on_model(model, ids, mask)
     layers = decoder_layers_any(model)
     captured: dict[str, torch.Tensor] = {}
 
@@ -70,6 +77,7 @@ def prefix_states(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, start
 
 
 def suffix_logits(model: nn.Module, states: torch.Tensor, mask: torch.Tensor, start: int) -> torch.Tensor:
+    states, mask = on_model(model, states, mask)
     with suffix_only(model, start):
         return model(inputs_embeds=states, attention_mask=mask, use_cache=False).logits
 
@@ -77,6 +85,7 @@ def suffix_logits(model: nn.Module, states: torch.Tensor, mask: torch.Tensor, st
 @torch.no_grad()
 def suffix_matches(model: Any, ids: torch.Tensor, mask: torch.Tensor, start: int, tol: float = 1e-4) -> bool:
     """Does prefix cache + suffix forward reproduce the full model's logits on this batch?"""
+    ids, mask = on_model(model, ids, mask)
     full = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
     part = suffix_logits(model, prefix_states(model, ids, mask, start), mask, start)
     valid = mask.bool()
@@ -85,6 +94,7 @@ def suffix_matches(model: Any, ids: torch.Tensor, mask: torch.Tensor, start: int
 
 def _hidden(model: Any, ids: torch.Tensor, mask: torch.Tensor, states: torch.Tensor | None, start: int) -> torch.Tensor:
     """Final-norm hidden states (B, T, d) of the base decoder, from ids or from cached states."""
+    ids, mask = on_model(model, ids, mask)
     base = model.base_model
     if states is None:
         return base(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
@@ -104,6 +114,7 @@ def logits_at(
 ) -> torch.Tensor:
     """Logits (N, V) at positions (rows[i], cols[i]) only. With `split_head` the vocabulary head runs
     on those rows alone; with `states` (B, T, d) only layers[start:] run (the prefix is cached)."""
+    ids, mask, rows, cols = on_model(model, ids, mask, rows, cols)
     if split_head:
         h = _hidden(model, ids, mask, states, start)  # (B, T, d)
         return model.get_output_embeddings()(h[rows, cols])
@@ -119,6 +130,7 @@ def head_split_matches(model: Any, ids: torch.Tensor, mask: torch.Tensor, tol: f
     """Is lm_head(base hidden) the model's logits? (False for models that scale or cap logits.)"""
     if model.get_output_embeddings() is None:
         return False
+    ids, mask = on_model(model, ids, mask)
     full = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
     h = _hidden(model, ids, mask, None, 0)
     part = model.get_output_embeddings()(h)

@@ -72,10 +72,11 @@ def sample_pool(
         firsts[i] = np.random.default_rng([seed, int(i)]).choice(clean)
     opening = [[int(bos), int(f)] if start == "token" else [int(bos)] for f in firsts]  # given, not written
     out: list[list[int]] = []
-    with torch.random.fork_rng(devices=[]):
+    gpu = [anchor.device.index or 0] if anchor.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=gpu):  # on a GPU, sampling draws from its own generator
         torch.manual_seed(seed)
         for s in range(0, n, batch):
-            ids = torch.tensor(opening[s : s + batch])
+            ids = torch.tensor(opening[s : s + batch], device=anchor.device)
             gen = model.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),
@@ -106,11 +107,12 @@ def anchor_topk(
     """The anchor's own top-k log-probabilities at every position of each sequence (equal lengths)."""
     out = []
     for s in range(0, len(seqs), batch):
-        ids = torch.tensor(seqs[s : s + batch], dtype=torch.long)
+        ids = torch.tensor(seqs[s : s + batch], dtype=torch.long, device=anchor.device)
         logp = F.log_softmax(anchor.model(input_ids=ids).logits.float(), -1)
         top = logp.topk(k, dim=-1)
+        indices, values = top.indices.to(torch.int32).cpu().numpy(), top.values.cpu().numpy()
         for i in range(ids.shape[0]):
-            out.append((top.indices[i].to(torch.int32).numpy(), top.values[i].numpy().astype(np.float32)))
+            out.append((indices[i], values[i].astype(np.float32)))
     return out
 
 

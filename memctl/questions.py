@@ -83,7 +83,7 @@ def parse_questions(generated: str) -> list[str]:
 def _generate(anchor: Anchor, texts: Sequence[str], max_new_tokens: int, sample: bool, n: int = 1) -> list[str]:
     """Continuations of a left-padded batch, `n` per text (sampled, or greedy), end of turn cut off."""
     tok = anchor.tokenizer
-    enc = left_padded(tok, texts)
+    enc = left_padded(tok, texts).to(anchor.device)
     kw: dict[str, Any] = (
         {"do_sample": True, "temperature": TEMPERATURE, "top_p": 1.0, "top_k": 0, "num_return_sequences": n}
         if sample

@@ -15,6 +15,7 @@ from .anchor import Anchor, MemoryHandle, left_padded, load_anchor
 from .api import Memories
 from .errors import BankStateError, InputError
 from .memory import Fetched
+from .placement import CPU, Placement, placement
 from .rag import Retrieved, with_context
 from .registry import block_id
 from .store import DEFAULT_CACHE_MB
@@ -39,7 +40,7 @@ def greedy(
 ) -> list[str]:
     """Greedy continuations of a left-padded batch; row i uses the blocks `fetched` gives row i."""
     tok = anchor.tokenizer
-    enc = left_padded(tok, texts)
+    enc = left_padded(tok, texts).to(anchor.device)
     with handle.using(fetched):
         out = anchor.model.generate(
             **enc,
@@ -67,12 +68,15 @@ class BankSession(Memories):
         pin_levels: int = 1,
         serve_blocked: bool = False,
         int8: bool = False,
+        place: Placement = CPU,
     ) -> None:
+        """`place`: the device and dtype the anchor is loaded to (memctl.placement); its blocks are
+        served there too."""
         super().__init__(
             name, home, allow=allow, cache_mb=cache_mb, pin_levels=pin_levels, serve_blocked=serve_blocked, int8=int8
         )
         try:
-            self.anchor = anchor or load_anchor(self.cfg.anchor, self.home)
+            self.anchor = anchor or load_anchor(self.cfg.anchor, self.home, place)
             if self.anchor.digest != self.reg.bank["anchor_sha256"]:
                 raise BankStateError(f"the anchor at {self.anchor.path} is not the one bank {name!r} was built on")
             self.attach(self.anchor.model)
@@ -174,10 +178,13 @@ def ask(
     cache_mb: float = DEFAULT_CACHE_MB,
     rag: bool = False,
     int8: bool = False,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> dict[str, Any]:
     if not prompt.strip():
         raise InputError("the prompt is empty")
-    with BankSession(name, home, allow=allow, cache_mb=cache_mb, int8=int8) as s:
+    place = placement(device, dtype)
+    with BankSession(name, home, allow=allow, cache_mb=cache_mb, int8=int8, place=place) as s:
         ans = s.generate([prompt], mode=mode, max_new_tokens=max_new_tokens, chat=chat, rag=rag)[0]
         return {
             "bank": name,
@@ -191,5 +198,6 @@ def ask(
             "allow": sorted(allow) if allow is not None else None,
             "timings": ans.timings,
             "int8": int8,
+            "device": place.label,
             "store": s.store.stats.to_dict(),
         }

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .memory import PARTS, Fetched, LevelFetch, Packed, pack_int8, packed_bytes
+from .placement import CPU, Placement
 from .privacy import reachable_blocks
 from .registry import Registry, block_id
 
@@ -69,11 +70,21 @@ class BlockStore:
         self.depth = reg.config.tree.p
         self.allow = allow
         self.stats = StoreStats()
+        self.place = CPU  # where served blocks live, in the model's dtype (Memories.attach sets it)
         self._cache: OrderedDict[Key, tuple[str, dict[str, torch.Tensor], int]] = OrderedDict()
         self._rows: dict[Key, dict] = {}
         self._withheld: set[Key] = set()
         self._version: tuple[int, int] | None = None
         self.refresh()
+
+    def set_place(self, place: Placement) -> None:
+        """Serve blocks on this device in this dtype (the model's): converted once when read, so a
+        GPU model's forward passes find them there. Float32 on the CPU keeps the memory-mapped files.
+        A change of place empties the cache."""
+        if place != self.place:
+            self._cache.clear()
+            self._packs.clear()
+            self.place = place
 
     # ---- registry view -------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> None:
@@ -154,10 +165,13 @@ class BlockStore:
         row = self._rows.get(key)
         if row is None:
             return None
-        block = self.reg.read_block(row)
-        n = block_bytes(block)
+        raw = self.reg.read_block(row)
+        block = raw
+        if self.place != CPU:
+            block = {p: t.to(device=self.place.device, dtype=self.place.dtype) for p, t in raw.items()}
+        n = block_bytes(block)  # what the cache holds; the file's bytes were read
         self.stats.misses += 1
-        self.stats.bytes_read += n
+        self.stats.bytes_read += block_bytes(raw)
         self._cache[key] = (row["sha256"], block, n)
         self._evict(keep=key)
         return block

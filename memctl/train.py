@@ -37,12 +37,12 @@ from .dataparallel import DataParallel
 from .distill import PrepareReport, generate_prompts, heldout_accuracy, heldout_loss, heldout_prompts, prepare
 from .errors import BankStateError, InputError, MemctlError
 from .optim import BlockAdamW, clip_grad_norm, lr_at
-from .prefix import (
-    head_split_matches,
-)
+from .placement import CPU, Placement, placement
+from .prefix import head_split_matches
 from .preserve import prepare_pool
 from .records import TrainedUnit, UnitResult, commit_unit, start_run, stop_run
 from .registry import Registry, dumps, memctl_home
+from .stopping import should_stop
 from .units import UnitParams, unit_of, units_to_train
 
 
@@ -137,7 +137,7 @@ def train_unit(
         s for s in load_samples(reg, anchor, name, tcfg.objective, tcfg.questions > 0) if s.doc_id not in exclude
     ]
     samples += preserve_samples(reg, name, tcfg.preserve, samples, tcfg.seed, tcfg.preserve_pool)
-    params = UnitParams(cfg, unit)
+    params = UnitParams(cfg, unit, anchor.device)
     if not samples:
         return TrainedUnit(UnitResult(name, 0, 0, float("nan"), float("nan"), 0.0, 0), unit, params, {})
     start = min(cfg.memory.layers)
@@ -156,7 +156,7 @@ def train_unit(
     scores: list[float] = []  # held-out prompt accuracy after each epoch
     held_losses: list[float] = []  # held-out distillation loss after each epoch (with a teacher cache)
     lead = dp is None or dp.leader
-    state = torch.load(ckpt, weights_only=False) if checkpoints and lead and ckpt.exists() else None
+    state = torch.load(ckpt, map_location="cpu", weights_only=False) if checkpoints and lead and ckpt.exists() else None
     if dp is not None:
         state = dp.broadcast(state)
     if state is not None:
@@ -175,8 +175,8 @@ def train_unit(
 
     def checkpoint() -> None:
         state = {
-            "params": [p.detach().clone() for p in params.flat()],
-            "opt": opt.state_dict(),
+            "params": [p.detach().to("cpu", copy=True) for p in params.flat()],
+            "opt": {k: [t.cpu() for t in v] for k, v in opt.state_dict().items()},  # no copy on the CPU
             "step": step,
             "tokens": tokens,
             "losses": losses,
@@ -284,7 +284,8 @@ def _loss(
     ids, mask, labels = collate(batch, pad)
     states = None
     if start > 0 and batch[0].states is not None:
-        states = torch.zeros(ids.shape[0], ids.shape[1], anchor.hidden)
+        first = batch[0].states  # the cache's device and dtype (the anchor's)
+        states = torch.zeros(ids.shape[0], ids.shape[1], anchor.hidden, dtype=first.dtype, device=first.device)
         for i, smp in enumerate(batch):
             states[i, : len(smp.ids)] = smp.states
     with handle.using(params.fetched(unit.local_index([s.path for s in batch]))):
@@ -304,29 +305,6 @@ def _ends(losses: dict[str, list[float]]) -> tuple[float, float]:
     return float(np.mean([f for f, _ in ends])), float(np.mean([la for _, la in ends]))
 
 
-MIN_HELDOUT_FOR_STOP = 20  # fewer held-out prompts are too noisy to stop on
-
-
-def should_stop(accuracy: list[float], loss: list[float], n_heldout: int, epochs: int, patience: int) -> bool:
-    """Early stopping after an epoch: enough held-out prompts, at least half the epochs done, and
-    neither held-out accuracy nor held-out loss (when a teacher cache gives one) better than before
-    the last `patience` epochs.
-
-    Accuracy alone is not enough: on a few dozen prompts it moves by whole prompts and stalls for
-    epochs while the loss still falls and answers are still being learned. Measured on the demo's
-    bank (12 epochs, preservation on): a unit stopped on accuracy alone after 6 epochs with its
-    probes at 46%; trained on, they reached 81% by epoch 8 while its held-out loss kept falling."""
-    if n_heldout < MIN_HELDOUT_FOR_STOP or len(accuracy) < (epochs + 1) // 2:
-        return False
-    loss_flat = len(loss) < len(accuracy) or _plateaued([-v for v in loss], patience)
-    return _plateaued(accuracy, patience) and loss_flat
-
-
-def _plateaued(scores: list[float], patience: int) -> bool:
-    """No improvement over the best earlier score for `patience` epochs (higher is better)."""
-    return len(scores) > patience and max(scores[-patience:]) <= max(scores[:-patience])
-
-
 def train(
     name: str,
     overrides: dict[str, Any] | None = None,
@@ -338,6 +316,8 @@ def train(
     progress: Callable[[TrainEvent], None] | None = None,
     max_steps: int | None = None,
     dp: int = 1,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> TrainResult:
     """Train every unit that needs it (or one `subtree`), resuming from checkpoints.
 
@@ -345,14 +325,17 @@ def train(
     many steps with a checkpoint, as an interruption would (used by tests). Under torchrun (WORLD_SIZE
     above 1) the units are shared out across the ranks (memctl.distributed); rank 0 alone writes.
     `dp` ranks train each unit together (data-parallel); WORLD_SIZE must be a multiple of it.
+    `device` and `dtype` place the anchor (memctl.placement; default cpu, fp32; `cuda` under torchrun
+    is each rank's own GPU).
     """
     from .distributed import World, train_distributed
 
     world = World.from_env()
+    place = placement(device, dtype, world.local_rank)
     if world.size > 1 or dp != 1:
         return train_distributed(
             world, name, overrides, subtree=subtree, retrain=retrain, restart=restart, home=home,
-            progress=progress, max_steps=max_steps, dp=dp,
+            progress=progress, max_steps=max_steps, dp=dp, place=place,
         )  # fmt: skip
     home = home or memctl_home()
     reg = Registry.open(name, home)
@@ -360,7 +343,7 @@ def train(
     result = TrainResult(bank=name, skipped=done)
     if not todo:
         return result
-    anchor = load_bank_anchor(reg, home)
+    anchor = load_bank_anchor(reg, home, place)
     torch.manual_seed(tcfg.seed)
     handle = attach(anchor.model, reg.config.memory.layers)
     try:
@@ -403,9 +386,9 @@ def plan_training(
     return tcfg, todo, done
 
 
-def load_bank_anchor(reg: Registry, home: Path) -> Anchor:
+def load_bank_anchor(reg: Registry, home: Path, place: Placement = CPU) -> Anchor:
     """The bank's anchor, refused when its file is not the one the bank was built on."""
-    anchor = load_anchor(reg.config.anchor, home)
+    anchor = load_anchor(reg.config.anchor, home, place)
     if anchor.digest != reg.bank["anchor_sha256"]:
         raise BankStateError(
             f"the anchor at {anchor.path} is not the one bank {reg.name!r} was built on (sha256 differs)"

@@ -78,9 +78,12 @@ def _unit_pending(reg: Registry, cfg: BankConfig, u: int) -> bool:
 class UnitParams:
     """The unit's blocks, stacked per level: gate/up/down (n_blocks, L, r, d), trainable."""
 
-    def __init__(self, cfg: BankConfig, unit: Unit) -> None:
+    def __init__(self, cfg: BankConfig, unit: Unit, device: torch.device | None = None) -> None:
+        """Each block starts from its seeded initial state (made on the CPU, so the same on any
+        device), kept in float32 on `device` (the anchor's)."""
         mem = cfg.memory
         self.unit = unit
+        self.device = device or torch.device("cpu")
         self.tensors: list[dict[str, torch.Tensor]] = []
         for level, first, n in unit.levels:
             rank = mem.fetched_rank if level == 0 else mem.ranks[level - 1]
@@ -88,14 +91,16 @@ class UnitParams:
                 init_block(len(mem.layers), rank, mem.hidden, mem.std, block_generator(cfg.seed, level, first + i))
                 for i in range(n)
             ]
-            self.tensors.append({p: torch.stack([b[p] for b in blocks]).requires_grad_(True) for p in PARTS})
+            self.tensors.append(
+                {p: torch.stack([b[p] for b in blocks]).to(self.device).requires_grad_(True) for p in PARTS}
+            )
 
     def flat(self) -> list[torch.Tensor]:
         return [t[p] for t in self.tensors for p in PARTS]
 
     def touched(self, local_index: list[torch.Tensor]) -> list[torch.Tensor]:
         """Per tensor of `flat()`, the distinct block rows that `local_index` (Unit.local_index) uses."""
-        return [rows for level in local_index for rows in [level.unique()] * len(PARTS)]
+        return [rows for level in local_index for rows in [level.unique().to(self.device)] * len(PARTS)]
 
     def fetched(self, local_index: list[torch.Tensor]) -> Fetched:
         levels = [
@@ -106,4 +111,5 @@ class UnitParams:
         return Fetched(levels=levels, batch=int(local_index[0].shape[0]))
 
     def block(self, level_pos: int, local: int) -> dict[str, torch.Tensor]:
-        return {p: self.tensors[level_pos][p][local].detach().clone() for p in PARTS}
+        """One block's tensors, copied to the CPU (what block files and checkpoints store)."""
+        return {p: self.tensors[level_pos][p][local].detach().to("cpu", copy=True) for p in PARTS}

@@ -13,7 +13,8 @@ from memctl.batches import collate, load_samples
 from memctl.optim import BlockAdamW
 from memctl.prefix import prefix_states, suffix_logits
 from memctl.registry import Registry
-from memctl.train import should_stop, train
+from memctl.stopping import should_stop
+from memctl.train import train
 
 
 def _bank(corpus: Path, anchor: Path, home: Path, name: str = "b", layers: str = "all") -> Registry:

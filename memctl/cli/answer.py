@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import InputError, MemctlError
-from .common import AllowOpt, BankOpt, CacheMbOpt, Int8Opt, JsonOpt, app, err, out, run
+from .common import AllowOpt, BankOpt, CacheMbOpt, DeviceOpt, DtypeOpt, Int8Opt, JsonOpt, app, err, out, run
 
 
 @app.command()
@@ -26,6 +26,8 @@ def ask(
         bool, typer.Option("--rag", help="Also put the nearest window of the routed leaf in the prompt.")
     ] = False,
     int8: Int8Opt = False,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Answer with the memory blocks the prompt routes to (only those are read)."""
@@ -41,7 +43,7 @@ def ask(
         tags = parse_tags(allow) if allow is not None else None
         return do_ask(
             bank, prompt, mode=mode, max_new_tokens=max_new_tokens, chat=chat, allow=tags, cache_mb=cache_mb, rag=rag,
-            int8=int8,
+            int8=int8, device=device, dtype=dtype,
         )  # fmt: skip
 
     d = run(go)
@@ -89,12 +91,15 @@ def chat(
     cache_mb: CacheMbOpt = 512,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per reply at most.")] = 96,
     int8: Int8Opt = False,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
 ) -> None:
     """Chat with a bank: each turn fetches only the blocks its message routes to, and streams.
 
     In --plain mode, lines starting with / change settings: /mode fetched|generic|none, /rag on|off,
     /route message|conversation, /compare (the last message in every mode), /quit."""
     from ..chat import Chat, ChatSettings
+    from ..placement import placement
     from ..privacy import parse_tags
     from ..serve import BankSession
 
@@ -103,7 +108,8 @@ def chat(
         if not plain and not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise InputError("the chat app needs a terminal; use --plain for pipes and scripts")
         tags = parse_tags(allow) if allow is not None else None
-        return Chat(BankSession(bank, allow=tags, cache_mb=cache_mb, int8=int8), settings)
+        place = placement(device, dtype)
+        return Chat(BankSession(bank, allow=tags, cache_mb=cache_mb, int8=int8, place=place), settings)
 
     session_chat = run(open_chat)
     try:

@@ -151,6 +151,20 @@ def train(
             "(WORLD_SIZE must be a multiple; default 1: one rank per unit).",
         ),
     ] = 1,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            help="cpu, cuda or cuda:N: where the anchor and the blocks train (default cpu; "
+            "under torchrun, cuda is each rank's own GPU)."
+        ),
+    ] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            help="fp32 or bf16: the anchor's compute dtype; blocks and their optimizer stay "
+            "float32 (default fp32; bf16 is for GPUs, about 5x slower on this kind of CPU)."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Train memory blocks on the frozen anchor; resumes an interrupted run. Under torchrun, units are
@@ -172,7 +186,7 @@ def train(
         "questions": questions,
     }
     if out_dir is not None or generic:
-        train_out_command(bank, out_dir, overrides, subtree, generic, restart, as_json, dp)
+        train_out_command(bank, out_dir, overrides, subtree, generic, restart, as_json, dp, device, dtype)
         return
     world = run(World.from_env)
 
@@ -194,7 +208,10 @@ def train(
                         highlight=False,
                     )
 
-            return do_train(bank, overrides, subtree=subtree, retrain=retrain, restart=restart, progress=log, dp=dp)
+            return do_train(
+                bank, overrides, subtree=subtree, retrain=retrain, restart=restart, progress=log, dp=dp,
+                device=device, dtype=dtype,
+            )  # fmt: skip
         with Progress(
             TextColumn("{task.fields[unit]:>12}"),
             BarColumn(),
@@ -225,7 +242,10 @@ def train(
                     held=held,
                 )
 
-            return do_train(bank, overrides, subtree=subtree, retrain=retrain, restart=restart, progress=update, dp=dp)
+            return do_train(
+                bank, overrides, subtree=subtree, retrain=retrain, restart=restart, progress=update, dp=dp,
+                device=device, dtype=dtype,
+            )  # fmt: skip
 
     res = run(go)
     if worker_summary(res, as_json):

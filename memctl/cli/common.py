@@ -42,6 +42,14 @@ Int8Opt = Annotated[
     ),
 ]
 
+DeviceOpt = Annotated[
+    str | None, typer.Option(help="cpu, cuda or cuda:N: where the anchor runs; blocks are served there (default cpu).")
+]
+DtypeOpt = Annotated[
+    str | None,
+    typer.Option(help="fp32 or bf16: the anchor's dtype; blocks are served in it (default fp32; bf16 is for GPUs)."),
+]
+
 
 def run(fn: Callable[[], T]) -> T:
     """Call into the library; turn errors into one clear line and an exit code."""

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..evalreport import ci, pct, write_report
-from .common import BankOpt, Int8Opt, JsonOpt, app, err, human_params, out, run, stage_progress
+from .common import BankOpt, DeviceOpt, DtypeOpt, Int8Opt, JsonOpt, app, err, human_params, out, run, stage_progress
 
 
 def parse_fractions(text: str | None) -> tuple[float, ...]:
@@ -58,11 +58,14 @@ def eval_cmd(
     fresh: Annotated[bool, typer.Option("--fresh", help="Start a new run instead of resuming a stopped one.")] = False,
     history: Annotated[bool, typer.Option("--history", help="Show the bank's past evaluation runs.")] = False,
     int8: Int8Opt = False,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Probe accuracy (95% Wilson intervals) of every setup, routing agreement, beam, blocked fractions,
     perplexity. Runs are stored in the bank: the same command resumes a stopped run."""
     from ..evaluate import SETUPS, EvalOptions, run_eval
+    from ..placement import CPU, placement
     from ..privacy import parse_tags
     from ..probes import load_probes, sample_probes
     from ..serve import BankSession
@@ -91,7 +94,10 @@ def eval_cmd(
                   "allow": sorted(tags) if tags is not None else None}  # fmt: skip
         if int8:
             params["int8"] = True  # runs without it keep their old parameters, and so resume
-        with BankSession(bank, allow=tags, int8=int8) as session, stage_progress(not as_json) as progress:
+        place = placement(device, dtype)
+        if place != CPU:
+            params["device"] = place.label  # likewise: only another placement starts a new run
+        with BankSession(bank, allow=tags, int8=int8, place=place) as session, stage_progress(not as_json) as progress:
             res = run_eval(session, ps, opts, probes_path=probes, perplexity=perplexity, params=params,
                            fresh=fresh, progress=progress)  # fmt: skip
         res["probes"] = str(probes or "")
@@ -105,6 +111,8 @@ def eval_cmd(
                 if value is not None:
                     parts += [flag, str(value)]
             parts += ["--int8"] if int8 else []
+            parts += ["--device", device] if device else []
+            parts += ["--dtype", dtype] if dtype else []
             command = " ".join(shlex.quote(a) for a in parts)
             res["report"] = [str(p) for p in write_report(res, report, command)]
         return res

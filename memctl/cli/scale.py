@@ -25,6 +25,8 @@ def train_out_command(
     restart: bool,
     as_json: bool,
     dp: int = 1,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> None:
     """`memctl train --subtree I --out DIR` (or `--generic --out DIR`): one unit, the bank untouched."""
     from ..distributed import World
@@ -48,7 +50,8 @@ def train_out_command(
             err.print(f"{ev.unit} {ev.step}/{ev.total_steps}{loss}", highlight=False)
 
         return train_out(
-            bank, out_dir, overrides, subtree=subtree, generic=generic, restart=restart, progress=log
+            bank, out_dir, overrides, subtree=subtree, generic=generic, restart=restart, progress=log,
+            device=device, dtype=dtype,
         )  # fmt: skip
 
     res = run(go)

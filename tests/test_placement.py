@@ -1,0 +1,146 @@
+"""--device and --dtype: the GPU path (cuda, bf16) runs the same code as the CPU does, and the CPU
+exercises it with bf16 here; a device this machine lacks is one clean error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import tree_digest
+from test_cli import invoke, make_bank, one_error_line
+
+import memctl.train as train_module
+from memctl.anchor import load_anchor
+from memctl.bank import ingest
+from memctl.errors import InputError
+from memctl.placement import CPU, Placement, placement
+from memctl.registry import Registry
+from memctl.train import train
+
+SETTINGS = {"epochs": 2, "preserve": 0}
+
+
+def test_placement_reads_device_and_dtype() -> None:
+    assert placement() == CPU == Placement(torch.device("cpu"), torch.float32)
+    assert placement(" CPU ", "BF16") == Placement(torch.device("cpu"), torch.bfloat16)
+    for device in ("tpu", "gpu0", "mps"):
+        with pytest.raises(InputError, match="use cpu, cuda or cuda:N"):
+            placement(device)
+    for dtype in ("fp16", "int8", "float64"):
+        with pytest.raises(InputError, match="use fp32 or bf16"):
+            placement("cpu", dtype)
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="sees no CUDA GPU"):
+            placement("cuda", local_rank=1)
+
+
+def test_the_anchor_is_cached_in_float32_and_cast_after(tiny_anchor: Path, home: Path) -> None:
+    bf16 = load_anchor(str(tiny_anchor), home, placement("cpu", "bf16"))
+    assert bf16.dtype == torch.bfloat16 and bf16.device == torch.device("cpu")
+    fp32 = load_anchor(str(tiny_anchor), home)
+    assert fp32.dtype == torch.float32
+    for a, b in zip(fp32.model.parameters(), bf16.model.parameters(), strict=True):
+        assert torch.equal(a.to(torch.bfloat16), b)
+
+
+def _trained(corpus: Path, tiny_anchor: Path, home: Path, **kw: Any) -> dict[str, dict[str, torch.Tensor]]:
+    ingest("b", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), memory_layers="last:1", home=home)
+    train("b", SETTINGS, home=home, **kw)
+    reg = Registry.open("b", home)
+    return {r["id"]: reg.read_block(r) for r in reg.blocks("file is not null")}
+
+
+def test_bf16_training_keeps_float32_blocks_and_follows_fp32(
+    corpus: Path, tiny_anchor: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[tuple[torch.dtype, torch.device]] = []
+    real = train_module.train_unit
+
+    def spy(reg: Any, anchor: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append((anchor.dtype, anchor.device))
+        return real(reg, anchor, *args, **kwargs)
+
+    fp32 = _trained(corpus, tiny_anchor, tmp_path / "fp32")
+    monkeypatch.setattr(train_module, "train_unit", spy)
+    bf16 = _trained(corpus, tiny_anchor, tmp_path / "bf16", device="cpu", dtype="bf16")
+    assert seen and set(seen) == {(torch.bfloat16, torch.device("cpu"))}  # every unit ran the bf16 anchor
+    assert bf16.keys() == fp32.keys() and len(bf16) == 7  # 2 + 4 blocks and the generic memory
+    for block_id, parts in bf16.items():
+        for part, t in parts.items():
+            assert t.dtype == torch.float32  # float32 master weights, stored as such
+            ref = fp32[block_id][part]
+            assert not torch.equal(t, ref)  # the bf16 anchor's gradients differ...
+            cos = torch.nn.functional.cosine_similarity(t.flatten(), ref.flatten(), dim=0)
+            assert cos > 0.9, (block_id, part, float(cos))  # ...but training goes the same way (0.95-0.99)
+
+
+def test_bf16_training_resumes_from_its_checkpoints(corpus: Path, tiny_anchor: Path, tmp_path: Path) -> None:
+    whole = _trained(corpus, tiny_anchor, tmp_path / "whole", dtype="bf16")
+    home = tmp_path / "cut"
+    ingest("b", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), memory_layers="last:1", home=home)
+    first = train("b", SETTINGS, home=home, dtype="bf16", max_steps=2)
+    assert first.interrupted and not first.units
+    assert train("b", SETTINGS, home=home, dtype="bf16").units
+    reg = Registry.open("b", home)
+    resumed = {r["id"]: reg.read_block(r) for r in reg.blocks("file is not null")}
+    assert resumed.keys() == whole.keys()
+    for block_id, parts in whole.items():
+        for part, t in parts.items():
+            assert torch.equal(resumed[block_id][part], t), (block_id, part)
+
+
+def test_cli_refuses_a_device_or_dtype_it_cannot_use(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    make_bank(corpus, tiny_anchor)
+    before = tree_digest(home / "banks")
+    assert "use fp32 or bf16" in one_error_line(invoke("train", "--bank", "b", "--dtype", "fp16"))
+    assert "use cpu, cuda or cuda:N" in one_error_line(invoke("train", "--bank", "b", "--device", "tpu"))
+    if not torch.cuda.is_available():
+        assert "sees no CUDA GPU" in one_error_line(invoke("train", "--bank", "b", "--device", "cuda"))
+    assert tree_digest(home / "banks") == before
+
+
+def test_blocks_are_served_where_the_model_runs_in_its_dtype(
+    corpus: Path, tiny_anchor: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memctl.api import Memories
+
+    _trained(corpus, tiny_anchor, home)
+    prompts = ["Iron is a strong metal", "The owl is a bird"]
+    fp32 = load_anchor(str(tiny_anchor), home)
+    bf16 = load_anchor(str(tiny_anchor), home, placement("cpu", "bf16"))
+    ids = fp32.tokenizer(prompts, return_tensors="pt", padding=True)
+
+    def memory_effect(model: Any, mem: Memories) -> torch.Tensor:
+        with torch.no_grad():
+            alone = model(**ids).logits.float()
+            mem.use(prompts)
+            return model(**ids).logits.float() - alone
+
+    with Memories("b", home) as mem:
+        mem.attach(fp32.model)
+        ref = memory_effect(fp32.model, mem)
+        assert mem.store.get(1, 0)["gate"].dtype == torch.float32
+        mem.detach()
+        mem.attach(bf16.model)  # another place: the cache starts again, in the model's dtype
+        assert mem.store.cached() == []
+        got = memory_effect(bf16.model, mem)
+        assert {t.dtype for t in mem.store.get(1, 0).values()} == {torch.bfloat16}
+        assert mem.store.stats.bytes_read > 0
+    assert ref.abs().max() > 0
+    cos = torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0)
+    assert cos > 0.9, float(cos)  # the same memories, served in bf16
+
+
+def test_ask_runs_the_anchor_in_the_dtype_asked_for(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    import json
+
+    make_bank(corpus, tiny_anchor)
+    assert invoke("train", "--bank", "b", "--epochs", "1", "--preserve", "0").exit_code == 0
+    res = invoke("ask", "--bank", "b", "Iron is a metal", "--max-new-tokens", "3", "--dtype", "bf16", "--json")
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["device"] == "cpu bf16" and d["store"]["misses"] == 2
+    assert "use fp32 or bf16" in one_error_line(invoke("ask", "--bank", "b", "x", "--dtype", "half"))
+    assert "float32 model on the CPU" in one_error_line(invoke("ask", "--bank", "b", "x", "--int8", "--dtype", "bf16"))
