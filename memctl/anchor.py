@@ -173,7 +173,9 @@ def load_anchor(spec: str | None, home: Path, place: Placement = CPU) -> Anchor:
     for p in model.parameters():
         p.requires_grad_(False)
     if place != CPU:
-        model.to(device=place.device, dtype=place.dtype)
+        model.to(place.device)
+        for p in model.parameters():  # the weights only: buffers such as RoPE's inv_freq stay float32,
+            p.data = p.data.to(place.dtype)  # as from_pretrained(dtype=...) leaves them
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     decoder_layers(model)  # fail early on an architecture without SwiGLU MLPs

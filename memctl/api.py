@@ -151,11 +151,7 @@ class Memories:
         paths = np.asarray(paths, dtype=np.int64)
         if paths.ndim != 3:
             raise InputError("fetch_union takes paths of shape (batch, n, levels)")
-        own = unique_paths(paths)
-        levels = []
-        for j in range(own.shape[1]):
-            levels.extend(self.store.fetch_paths(own[:, j]).levels)
-        return Fetched(levels=levels, batch=int(paths.shape[0]))
+        return self.store.fetch_union(unique_paths(paths))
 
     def use(
         self, prompts: Sequence[str] | None = None, *, mode: str = "fetched", paths: np.ndarray | None = None

@@ -224,7 +224,11 @@ def build_prefix_cache(
     None when memories start at layer 0, when the cache would pass CACHE_BYTES, or when this
     architecture's suffix forward does not reproduce its full forward."""
     unique = list({s.key: s for s in samples}.values())
-    if start == 0 or not unique or sum(len(s.ids) for s in unique) * anchor.hidden * 4 > CACHE_BYTES:
+    if (
+        start == 0
+        or not unique
+        or sum(len(s.ids) for s in unique) * anchor.hidden * anchor.dtype.itemsize > CACHE_BYTES
+    ):
         return None
     unique.sort(key=lambda s: len(s.ids))  # little padding
     pad = anchor.tokenizer.pad_token_id

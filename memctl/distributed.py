@@ -176,7 +176,7 @@ def train_distributed(
             if world.rank == 0:  # checks, configuration, preparation: everything that writes
                 try:
                     reg = Registry.open(name, home)
-                    tcfg, todo, done = plan_training(reg, overrides, subtree, retrain, restart)
+                    tcfg, todo, done = plan_training(reg, overrides, subtree, retrain, restart, place)
                     plan = _Plan(dumps(dataclasses.asdict(tcfg)), todo, done)
                     if todo:
                         anchor = load_bank_anchor(reg, home, place)

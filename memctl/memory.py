@@ -163,7 +163,7 @@ def memory_delta(x: torch.Tensor, fetched: Fetched, slot: int, act: Act) -> torc
 
 def _ffn(x: torch.Tensor, block: tuple[torch.Tensor, torch.Tensor, torch.Tensor], act: Act) -> torch.Tensor:
     """One block's neurons at one layer: act(x G^T) * (x U^T) @ D, x (..., d), G/U/D (r, d)."""
-    g, u, dn = (w.to(x.dtype) for w in block)
+    g, u, dn = (w.to(device=x.device, dtype=x.dtype) for w in block)  # no copy when they match
     return (act(x @ g.T) * (x @ u.T)) @ dn
 
 

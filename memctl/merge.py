@@ -147,7 +147,7 @@ def train_out(
     try:
         snap = json.loads((work / "snapshot.json").read_text())
         all_units = [str(u) for u in sorted({r[0] for r in scratch.db.execute("select distinct l1 from windows")})]
-        tcfg, _, _ = plan_training(scratch, overrides, None, True, False)
+        tcfg, _, _ = plan_training(scratch, overrides, None, True, False, place)
         anchor = load_bank_anchor(scratch, home, place)
         torch.manual_seed(tcfg.seed)
         handle = attach(anchor.model, scratch.config.memory.layers)

@@ -30,6 +30,11 @@ class Placement:
     def label(self) -> str:
         return f"{self.device} {dtype_name(self.dtype)}"
 
+    @property
+    def kind(self) -> str:
+        """Device type and dtype: what a checkpoint must resume on (any GPU of the kind will do)."""
+        return f"{self.device.type} {dtype_name(self.dtype)}"
+
 
 CPU = Placement()
 
@@ -38,12 +43,14 @@ def dtype_name(dtype: torch.dtype) -> str:
     return next((k for k, v in DTYPES.items() if v == dtype), str(dtype).removeprefix("torch."))
 
 
-def placement(device: str | None = None, dtype: str | None = None, local_rank: int = 0) -> Placement:
-    """Check `--device` (cpu, cuda, cuda:N) and `--dtype` (fp32, bf16). Plain `cuda` under torchrun is
-    this rank's own GPU (cuda:LOCAL_RANK)."""
+def placement(device: str | None = None, dtype: str | None = None, local_rank: int = 0, ranks: int = 1) -> Placement:
+    """Check `--device` (cpu, cuda, cuda:N) and `--dtype` (fp32, bf16). Plain `cuda` under torchrun
+    (`ranks` above 1) is this rank's own GPU, cuda:LOCAL_RANK, and no other GPU may be named there."""
     name = (device or "cpu").strip().lower()
     if name == "cuda":
         name = f"cuda:{local_rank}"
+    elif ranks > 1 and name.startswith("cuda:") and name != f"cuda:{local_rank}":
+        raise InputError(f"--device {device}: under torchrun each rank uses its own GPU; pass --device cuda")
     try:
         dev = torch.device(name)
     except RuntimeError:
@@ -60,6 +67,6 @@ def placement(device: str | None = None, dtype: str | None = None, local_rank: i
     key = (dtype or "fp32").strip().lower()
     if key not in DTYPES:
         raise InputError(f"--dtype {dtype!r}: use {' or '.join(DTYPES)}")
-    if key == "bf16" and dev.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise InputError(f"--dtype bf16: the GPU {dev} has no bf16 support; use --dtype fp32")
+    if key == "bf16" and dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] < 8:
+        raise InputError(f"--dtype bf16: the GPU {dev} has no native bf16 (before Ampere); use --dtype fp32")
     return Placement(dev, DTYPES[key])

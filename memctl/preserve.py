@@ -23,6 +23,7 @@ first and last bank).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -121,32 +122,47 @@ def pool_cache_file(anchor: Anchor, seed: int, n: int) -> Path | None:
     home: it depends on nothing else, and it holds no corpus text (nothing a forget must reach)."""
     if anchor.cache is None:
         return None
-    dtype = str(next(anchor.model.parameters()).dtype).removeprefix("torch.")
-    key = f"preserve-s{seed}-n{n}-len{LENGTH}-top{TOPK}-p{TOP_P}-{dtype}-token.npz"
+    # the device type too: a GPU samples another pool from the same seed; v1: how sample_pool draws
+    where = f"{anchor.device.type}-{str(anchor.dtype).removeprefix('torch.')}"
+    key = f"preserve-v1-s{seed}-n{n}-len{LENGTH}-top{TOPK}-p{TOP_P}-{where}-token.npz"
     return anchor.cache.with_name(f"{anchor.cache.name}-{key}")
 
 
+POOL_ARRAYS = {"ids": np.int32, "topk_idx": np.int32, "topk_logp": np.float32}
+
+
 def _load_cached(path: Path | None, n: int) -> dict[str, np.ndarray] | None:
+    """The cached pool, or None when there is none or it is not exactly a pool of n (a damaged or
+    foreign file is made again, never trusted: truncated zips, wrong shapes or dtypes)."""
     if path is None or not path.is_file():
         return None
     try:
-        with np.load(path) as z:
-            pool = {k: z[k] for k in ("ids", "topk_idx", "topk_logp")}
-    except (OSError, ValueError, KeyError):  # a damaged cache is made again, never trusted
+        with np.load(path, allow_pickle=False) as z:
+            pool = {k: z[k] for k in POOL_ARRAYS}
+    except Exception:  # numpy raises OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError...
         return None
     shapes = {"ids": (n, LENGTH), "topk_idx": (n, LENGTH, TOPK), "topk_logp": (n, LENGTH, TOPK)}
-    if any(pool[k].shape != shape for k, shape in shapes.items()):
+    if any(pool[k].shape != shape or pool[k].dtype != POOL_ARRAYS[k] for k, shape in shapes.items()):
         return None
     return pool
 
 
 def _save_cached(path: Path | None, pool: dict[str, np.ndarray]) -> None:
+    """Write the pool whole (temp file, fsync, rename) or not at all: it is only a cache, so a full
+    disk or a read-only home costs the next bank the sampling, not this one its training."""
     if path is None:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}.npz")
-    np.savez(tmp, **pool)
-    tmp.replace(path)  # whole or absent, also with several processes writing it
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            np.savez(f, **pool)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):  # nothing may be there to remove, or no directory at all
+            tmp.unlink()
 
 
 def prepare_pool(reg: Registry, anchor: Anchor, progress: Progress | None = None, n: int = POOL) -> float:

@@ -179,8 +179,13 @@ class BlockStore:
     # ---- what a forward pass uses ----------------------------------------------------------------
     def fetch_paths(self, paths: np.ndarray) -> Fetched:
         """paths (B, p) node indices -> the blocks of each level each row fetches."""
-        if not self.int8:
-            return assemble(paths, self.get)
+        return self.fetch_union(np.asarray(paths)[:, None, :])
+
+    def fetch_union(self, paths: np.ndarray) -> Fetched:
+        """paths (B, n, p): each row fetches the blocks of its n paths (a beam's leaves with their
+        ancestors), a node of -1 nothing; a node already on an earlier path of the row must be -1
+        (api.unique_paths), so each block is fetched once. With int8, each row's blocks, all its
+        paths together, are packed once (memory.pack_int8)."""
         got: dict[Key, dict[str, torch.Tensor]] = {}
 
         def lookup(level: int, node: int) -> dict[str, torch.Tensor] | None:
@@ -189,10 +194,15 @@ class BlockStore:
                 got[(level, node)] = block
             return block
 
-        fetched = assemble(paths, lookup)
+        levels = [lv for j in range(paths.shape[1]) for lv in assemble(paths[:, j], lookup).levels]
+        fetched = Fetched(levels=levels, batch=int(paths.shape[0]))
+        if not self.int8:
+            return fetched
         rows: dict[tuple[Key, ...], list[int]] = {}
-        for i, path in enumerate(paths.tolist()):
-            keys = tuple((lvl + 1, n) for lvl, n in enumerate(path) if _has_neurons(got.get((lvl + 1, n))))
+        for i, row in enumerate(paths.tolist()):
+            keys = tuple(
+                (lvl + 1, n) for path in row for lvl, n in enumerate(path) if _has_neurons(got.get((lvl + 1, n)))
+            )
             rows.setdefault(keys, []).append(i)
         fetched.packed = [(torch.tensor(r), self._pack(keys, got)) for keys, r in rows.items() if keys]
         return fetched

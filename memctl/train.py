@@ -186,6 +186,7 @@ def train_unit(
             "unit": name,
             "seconds": time.perf_counter() - t_start,
             "config": dumps(dataclasses.asdict(tcfg)),
+            "placement": Placement(anchor.device, anchor.dtype).kind,
         }
         _save_checkpoint(ckpt, state)
 
@@ -331,7 +332,7 @@ def train(
     from .distributed import World, train_distributed
 
     world = World.from_env()
-    place = placement(device, dtype, world.local_rank)
+    place = placement(device, dtype, world.local_rank, world.size)
     if world.size > 1 or dp != 1:
         return train_distributed(
             world, name, overrides, subtree=subtree, retrain=retrain, restart=restart, home=home,
@@ -339,7 +340,7 @@ def train(
         )  # fmt: skip
     home = home or memctl_home()
     reg = Registry.open(name, home)
-    tcfg, todo, done = plan_training(reg, overrides, subtree, retrain, restart)
+    tcfg, todo, done = plan_training(reg, overrides, subtree, retrain, restart, place)
     result = TrainResult(bank=name, skipped=done)
     if not todo:
         return result
@@ -368,10 +369,16 @@ INTERRUPTED = "training interrupted; checkpoint saved, run `memctl train` to res
 
 
 def plan_training(
-    reg: Registry, overrides: dict[str, Any] | None, subtree: int | None, retrain: bool, restart: bool
+    reg: Registry,
+    overrides: dict[str, Any] | None,
+    subtree: int | None,
+    retrain: bool,
+    restart: bool,
+    place: Placement = CPU,
 ) -> tuple[TrainConfig, list[str], list[str]]:
     """Check the request and the bank; (configuration, units to train, units already trained).
-    `restart` drops pending checkpoints."""
+    `restart` drops pending checkpoints; a pending one made on another device or dtype than `place`
+    is refused."""
     if reg.count("windows") == 0:
         raise BankStateError(f"bank {reg.name!r} has no documents; ingest some first")
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
@@ -381,7 +388,7 @@ def plan_training(
     if restart:
         for p in reg.checkpoint_dir().glob("unit-*.pt"):
             p.unlink()
-    tcfg = _resolve_config(reg, overrides)
+    tcfg = _resolve_config(reg, overrides, place)
     todo, done = units_to_train(reg, subtree, retrain)
     return tcfg, todo, done
 
@@ -453,13 +460,19 @@ def _stage_progress(progress: Callable[[TrainEvent], None] | None, n_units: int)
     return report
 
 
-def _resolve_config(reg: Registry, overrides: dict[str, Any]) -> TrainConfig:
+def _resolve_config(reg: Registry, overrides: dict[str, Any], place: Placement) -> TrainConfig:
     """A pending checkpoint fixes the configuration; otherwise the bank's last training configuration
     (defaults for a new bank) plus the user's options, so that retraining stale or dropped blocks
     repeats how the bank was trained unless told otherwise."""
     pending = sorted(reg.checkpoint_dir().glob("unit-*.pt"))
     if pending:
-        saved = train_config_from_json(torch.load(pending[0], weights_only=False)["config"])
+        state = torch.load(pending[0], map_location="cpu", weights_only=False)
+        saved = train_config_from_json(state["config"])
+        where = state.get("placement", CPU.kind)  # checkpoints from before --device were made on cpu fp32
+        if where != place.kind:
+            raise InputError(
+                f"an interrupted run on {where} is pending; resume it with that --device and --dtype, or pass --restart"
+            )
         clash = {k: v for k, v in overrides.items() if getattr(saved, k) != (tuple(v) if isinstance(v, list) else v)}
         if clash:
             pending_settings = ", ".join(f"{k}={getattr(saved, k)}" for k in clash)

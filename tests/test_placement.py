@@ -34,6 +34,8 @@ def test_placement_reads_device_and_dtype() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(InputError, match="sees no CUDA GPU"):
             placement("cuda", local_rank=1)
+    with pytest.raises(InputError, match="each rank uses its own GPU"):  # under torchrun: --device cuda
+        placement("cuda:0", local_rank=1, ranks=2)
 
 
 def test_the_anchor_is_cached_in_float32_and_cast_after(tiny_anchor: Path, home: Path) -> None:
@@ -43,6 +45,10 @@ def test_the_anchor_is_cached_in_float32_and_cast_after(tiny_anchor: Path, home:
     assert fp32.dtype == torch.float32
     for a, b in zip(fp32.model.parameters(), bf16.model.parameters(), strict=True):
         assert torch.equal(a.to(torch.bfloat16), b)
+    buffers = dict(bf16.model.named_buffers())
+    assert any(name.endswith("inv_freq") for name in buffers)
+    for name, buf in buffers.items():  # RoPE frequencies are not rounded to bf16
+        assert buf.dtype == dict(fp32.model.named_buffers())[name].dtype, name
 
 
 def _trained(corpus: Path, tiny_anchor: Path, home: Path, **kw: Any) -> dict[str, dict[str, torch.Tensor]]:
@@ -82,6 +88,8 @@ def test_bf16_training_resumes_from_its_checkpoints(corpus: Path, tiny_anchor: P
     ingest("b", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), memory_layers="last:1", home=home)
     first = train("b", SETTINGS, home=home, dtype="bf16", max_steps=2)
     assert first.interrupted and not first.units
+    with pytest.raises(InputError, match="interrupted run on cpu bf16 is pending"):
+        train("b", SETTINGS, home=home)  # resuming in fp32 would mix precisions in one unit
     assert train("b", SETTINGS, home=home, dtype="bf16").units
     reg = Registry.open("b", home)
     resumed = {r["id"]: reg.read_block(r) for r in reg.blocks("file is not null")}

@@ -84,11 +84,17 @@ def test_pool_is_made_once_per_anchor_seed_and_size_under_a_home(
     with pytest.raises(AssertionError, match="sampled again"):  # another size is another pool
         prepare_pool(_bank("c", home, corpus, tiny_anchor), anchor, n=POOL // 2)
     monkeypatch.undo()
-    cache.write_bytes(b"not a pool")  # a damaged cache is made again, not trusted
-    third = _bank("d", home, corpus, tiny_anchor)
-    prepare_pool(third, anchor, n=POOL)
-    assert stored(third) == stored(first)
-    assert preserve._load_cached(cache, POOL) is not None
+    whole = cache.read_bytes()
+    for i, damaged in enumerate([b"", b"not a pool", whole[: len(whole) // 2], whole[:-9] + bytes(9)]):
+        cache.write_bytes(damaged)  # empty, foreign, truncated, corrupted: made again, not trusted
+        assert preserve._load_cached(cache, POOL) is None
+        again = _bank(f"d{i}", home, corpus, tiny_anchor)
+        prepare_pool(again, anchor, n=POOL)
+        assert stored(again) == stored(first)
+        assert preserve._load_cached(cache, POOL) is not None
+    np.savez(cache, ids=np.zeros((POOL, LENGTH), np.int64), topk_idx=np.zeros((POOL, LENGTH, TOPK), np.int32),
+             topk_logp=np.zeros((POOL, LENGTH, TOPK), np.float32))  # fmt: skip
+    assert preserve._load_cached(cache, POOL) is None  # the right shapes in another dtype: not a pool
 
 
 def test_pool_openings_are_seeded_and_bos_pools_are_the_anchors_start(tiny_anchor: Path, home: Path) -> None:
@@ -222,3 +228,13 @@ def test_special_ids_include_added_tokens_marked_special() -> None:
                                 6: AddedToken("word", special=False)}  # fmt: skip
 
     assert special_ids(Tok()) == {0, 5}
+
+
+def test_a_pool_cache_that_cannot_be_written_costs_nothing(tmp_path: Path) -> None:
+    import memctl.preserve as preserve
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    pool = {"ids": np.zeros((2, LENGTH), np.int32)}
+    preserve._save_cached(blocker / "pool.npz", pool)  # the home cannot hold it: no error, nothing left
+    assert blocker.read_text() == "not a directory" and sorted(tmp_path.iterdir()) == [blocker]

@@ -218,6 +218,28 @@ def test_int8_memories_follow_fp32_row_by_row(home: Path, bank: Registry) -> Non
         assert generic.packed is not None and generic.packed[0][0].tolist() == list(range(len(QUERIES)))
 
 
+def test_eval_fetches_int8_too_one_path_or_a_beams_union(home: Path, bank: Registry) -> None:
+    """`eval --int8` fetches through fetch_union (each row its beam's paths): it must serve the int8
+    packs, not the float blocks, and a beam's union follows the fp32 union within rounding."""
+    with BankSession("s", home) as s32, BankSession("s", home, int8=True) as s8:
+        paths = s32.route(QUERIES)
+        ids = s32.anchor.tokenizer(QUERIES, return_tensors="pt", padding=True)["input_ids"]
+        base = _logits(s32, ids, None)
+        one = s8.fetch_union(paths[:, None, :])
+        assert one.packed is not None
+        assert torch.equal(_logits(s8, ids, one), _logits(s8, ids, s8.store.fetch_paths(paths)))
+        other = paths.copy()
+        other[:, -1] = (other[:, -1] + 1) % bank.config.tree.k**bank.config.tree.p  # a second leaf
+        beam = np.stack([paths, other], axis=1)  # (B, 2, p): two paths per row, level 1 shared or not
+        want = _logits(s32, ids, s32.fetch_union(beam)) - base
+        f8 = s8.fetch_union(beam)
+        assert f8.packed is not None and sum(len(r) for r, _ in f8.packed) == len(QUERIES)
+        got = _logits(s8, ids, f8) - base
+        assert not torch.allclose(got, _logits(s8, ids, one) - base)  # the second leaf counts
+        for row in range(len(QUERIES)):
+            assert (got[row] - want[row]).norm() / want[row].norm() < 0.2, row
+
+
 def test_int8_packs_never_serve_a_blocked_block(home: Path, bank: Registry) -> None:
     with BankSession("s", home, int8=True) as s:
         paths = s.route(QUERIES[:1])
