@@ -145,7 +145,6 @@ class Anchor:
 def load_anchor(spec: str | None, home: Path, place: Placement = CPU) -> Anchor:
     """Load and freeze the anchor. A GGUF file is de-quantised once and cached under home/anchors
     (in float32); the model is then cast to `place.dtype` and moved to `place.device`."""
-    dtype = torch.float32
     path = resolve_anchor(spec)
     _quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -160,13 +159,13 @@ def load_anchor(spec: str | None, home: Path, place: Placement = CPU) -> Anchor:
                 src, kw = path.parent, {"gguf_file": path.name}
             with quiet_stderr():  # the GGUF converter draws its own progress bars
                 tok = AutoTokenizer.from_pretrained(src, **kw)
-                model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype, **kw)
+                model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, **kw)
                 if kw:  # first load of this GGUF: keep a de-quantised copy, later loads take a second
                     _save_dequantised(model, tok, cache)
         else:
             with quiet_stderr():
                 tok = AutoTokenizer.from_pretrained(path)
-                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise AnchorError(f"cannot load anchor {path}: {str(e).splitlines()[0]}") from None
     model.eval()
