@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import importlib.util
 import io
+import math
 import os
 import shutil
 import warnings
@@ -192,6 +193,16 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
         f"{type(model).__name__} has no decoder layers with mlp.gate_proj/up_proj/down_proj; "
         "memctl needs a SwiGLU FFN (Llama, Qwen, Mistral, Gemma, SmolLM)"
     )
+
+
+@torch.no_grad()
+def neuron_std(model: nn.Module, layers: tuple[int, ...]) -> float:
+    """The spread of the anchor's own FFN neurons in `layers`: the standard deviation of their
+    gate_proj and up_proj weights, pooled over those layers. Memory neurons start at this scale,
+    so a new neuron's pre-activations are as large as an existing neuron's."""
+    blocks = decoder_layers(model)
+    weights = [getattr(blocks[i].mlp, n).weight for i in layers for n in ("gate_proj", "up_proj")]
+    return math.sqrt(sum(float(w.float().var()) * w.numel() for w in weights) / sum(w.numel() for w in weights))
 
 
 class MemoryMLP(nn.Module):

@@ -9,7 +9,7 @@ from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
-from .anchor import Anchor, load_anchor, resolve_anchor
+from .anchor import Anchor, load_anchor, neuron_std, resolve_anchor
 from .config import BankConfig, MemoryConfig, TreeConfig, default_ranks, default_tree, parse_layers
 from .corpus import Document, iter_documents, read_documents
 from .embed import get_embedder
@@ -65,7 +65,9 @@ def _new_config(
         embedder=embedder,
         window=window,
         tree=TreeConfig(k=k, p=p, seed=seed),
-        memory=MemoryConfig(ranks=tuple(ranks), layers=layers, hidden=anchor.hidden),
+        memory=MemoryConfig(
+            ranks=tuple(ranks), layers=layers, hidden=anchor.hidden, init_std=neuron_std(anchor.model, layers)
+        ),
         seed=seed,
     )
 

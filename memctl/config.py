@@ -43,7 +43,9 @@ class MemoryConfig:
     ranks: tuple[int, ...]
     layers: tuple[int, ...]  # indices of the anchor's decoder layers that carry memories
     hidden: int  # anchor hidden size d
-    init_std: float = 0.0  # 0 means 1/sqrt(hidden)
+    # std of a memory neuron's gate and up weights at init: new banks take the anchor's own neurons'
+    # (anchor.neuron_std); 0, in banks made before that, means 1/sqrt(hidden)
+    init_std: float = 0.0
 
     @property
     def fetched_rank(self) -> int:

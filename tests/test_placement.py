@@ -15,6 +15,7 @@ import memctl.train as train_module
 from memctl.anchor import load_anchor
 from memctl.bank import ingest
 from memctl.errors import InputError
+from memctl.memory import block_generator, init_block
 from memctl.placement import CPU, Placement, placement
 from memctl.registry import Registry
 from memctl.train import train
@@ -58,6 +59,17 @@ def _trained(corpus: Path, tiny_anchor: Path, home: Path, **kw: Any) -> dict[str
     return {r["id"]: reg.read_block(r) for r in reg.blocks("file is not null")}
 
 
+def _learned(home: Path, trained: dict[str, dict[str, torch.Tensor]]) -> dict[str, dict[str, torch.Tensor]]:
+    """What training changed in each block: trained minus the block's seeded initial state."""
+    cfg = Registry.open("b", home).config
+    mem, out = cfg.memory, {}
+    for r in Registry.open("b", home).blocks("file is not null"):
+        rank = mem.fetched_rank if r["level"] == 0 else mem.ranks[r["level"] - 1]
+        init = init_block(len(mem.layers), rank, mem.hidden, mem.std, block_generator(cfg.seed, r["level"], r["idx"]))
+        out[r["id"]] = {p: t - init[p] for p, t in trained[r["id"]].items()}
+    return out
+
+
 def test_bf16_training_keeps_float32_blocks_and_follows_fp32(
     corpus: Path, tiny_anchor: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -76,10 +88,15 @@ def test_bf16_training_keeps_float32_blocks_and_follows_fp32(
     for block_id, parts in bf16.items():
         for part, t in parts.items():
             assert t.dtype == torch.float32  # float32 master weights, stored as such
-            ref = fp32[block_id][part]
-            assert not torch.equal(t, ref)  # the bf16 anchor's gradients differ...
-            cos = torch.nn.functional.cosine_similarity(t.flatten(), ref.flatten(), dim=0)
-            assert cos > 0.9, (block_id, part, float(cos))  # ...but training goes the same way (0.95-0.99)
+            assert not torch.equal(t, fp32[block_id][part])  # the bf16 anchor's gradients differ...
+    # ...but training goes the same way: what it changed in every block points the same way. Measured
+    # 0.87-1.00 (down, learned from zero, spreads most; gate and up 0.99-1.00). This tiny random Llama's
+    # neurons are small (std 0.02, so are the memories'), and bf16 rounds their small activations coarsely.
+    learned_bf16, learned_fp32 = _learned(tmp_path / "bf16", bf16), _learned(tmp_path / "fp32", fp32)
+    for block_id, parts in learned_bf16.items():
+        for part, delta in parts.items():
+            cos = torch.nn.functional.cosine_similarity(delta.flatten(), learned_fp32[block_id][part].flatten(), dim=0)
+            assert cos > 0.85, (block_id, part, float(cos))
 
 
 def test_bf16_training_resumes_from_its_checkpoints(corpus: Path, tiny_anchor: Path, tmp_path: Path) -> None:

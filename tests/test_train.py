@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from memctl.anchor import attach, load_anchor
+from memctl.anchor import attach, decoder_layers, load_anchor, neuron_std
 from memctl.bank import ingest
 from memctl.batches import collate, load_samples
 from memctl.optim import BlockAdamW
@@ -15,6 +15,7 @@ from memctl.prefix import prefix_states, suffix_logits
 from memctl.registry import Registry
 from memctl.stopping import should_stop
 from memctl.train import train
+from memctl.units import UnitParams, unit_of
 
 
 def _bank(corpus: Path, anchor: Path, home: Path, name: str = "b", layers: str = "all") -> Registry:
@@ -24,6 +25,25 @@ def _bank(corpus: Path, anchor: Path, home: Path, name: str = "b", layers: str =
 
 def _blocks(reg: Registry) -> dict[str, dict[str, torch.Tensor]]:
     return {r["id"]: reg.read_block(r) for r in reg.blocks("file is not null")}
+
+
+def test_memory_neurons_start_at_the_anchors_own_scale(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    """A new bank stores the spread of the anchor's own gate/up weights in its memory layers, and
+    blocks start there (gate and up: a normal of that std truncated at 2 std, whose own std is 0.88
+    times it) and at zero (down)."""
+    reg = _bank(corpus, tiny_anchor, home, layers="last:2")
+    model = load_anchor(str(tiny_anchor), home).model
+    layers = decoder_layers(model)
+    want = torch.cat([getattr(layers[i].mlp, n).weight.flatten() for i in (1, 2) for n in ("gate_proj", "up_proj")])
+    mem = reg.config.memory
+    assert mem.layers == (1, 2)
+    assert mem.init_std == pytest.approx(float(want.std()), rel=1e-3) == neuron_std(model, (1, 2))
+    assert mem.std == mem.init_std != 1 / mem.hidden**0.5  # not the old 1/sqrt(hidden)
+    params = UnitParams(reg.config, unit_of(reg.config, "0"))
+    gate, up, down = params.flat()[:3]
+    for t in (gate, up):
+        assert float(t.std()) == pytest.approx(0.8796 * mem.init_std, rel=0.05)
+    assert not down.any()
 
 
 def test_block_adamw_leaves_untouched_blocks_exactly_alone() -> None:
