@@ -81,6 +81,27 @@ def test_block_adamw_is_adamw_per_block() -> None:
     for i in range(3):
         torch.testing.assert_close(p.detach()[i], ref[i].detach(), rtol=0, atol=1e-6)
     assert opt.steps[0].tolist() == [5, 3, 5]
+    assert opt.fused  # torch's fused kernel ran on the CPU
+
+
+def test_block_adamw_without_the_fused_kernel_gives_the_same_update() -> None:
+    """The fallback (separate tensor operations, for a torch or device without the fused kernel) and
+    the fused kernel agree to float rounding, untouched blocks left alone by both."""
+    g = torch.Generator().manual_seed(1)
+    init = torch.randn(4, 3, 5, generator=g)
+    grads = [torch.randn(4, 3, 5, generator=g) for _ in range(4)]
+    ps = [init.clone().requires_grad_(True) for _ in range(2)]
+    opts = [BlockAdamW([p], lr=0.05, weight_decay=0.1) for p in ps]
+    opts[1].fused = False
+    for step, grad in enumerate(grads):
+        rows = torch.tensor([0, 3] if step % 2 else [0, 1, 3])
+        for p, opt in zip(ps, opts, strict=True):
+            p.grad = grad.clone()
+            opt.step([rows])
+            opt.zero_grad()
+    torch.testing.assert_close(ps[0].detach(), ps[1].detach(), rtol=0, atol=1e-6)
+    assert torch.equal(ps[1].detach()[2], init[2]) and torch.equal(ps[0].detach()[2], init[2])
+    assert opts[0].steps[0].tolist() == opts[1].steps[0].tolist() == [4, 2, 0, 4]
 
 
 @pytest.mark.parametrize("objective", ["lm", "distill", "mix"])
