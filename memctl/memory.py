@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +77,7 @@ class Fetched:
 # matrix (d -> 2r, r the path's total rank) and their down as another (r -> d), each prepacked for
 # torch's dynamic-quantization kernel (fbgemm on x86), with r and d.
 Packed = list[tuple[Any, Any, int, int]]
+PACKERS = 2  # layers packed at once
 
 
 def _prepack(weight: torch.Tensor) -> Any:
@@ -97,12 +99,14 @@ def pack_int8(blocks: list[dict[str, torch.Tensor]]) -> Packed:
     of kernels per layer for the whole path: each call quantizes its input, a fixed cost per call."""
     n_layers, _, hidden = blocks[0]["gate"].shape
     rank = sum(b["gate"].shape[1] for b in blocks)
-    packed = []
-    for slot in range(n_layers):  # one copy of each layer's rows, not of the whole path first
+
+    def layer(slot: int) -> tuple[Any, Any, int, int]:  # one copy of each layer's rows, not of the whole path
         gate_up = torch.cat([b[p][slot] for p in ("gate", "up") for b in blocks]).float()  # (2 r_total, d)
         down = torch.cat([b["down"][slot] for b in blocks]).float().T.contiguous()  # (d, r_total)
-        packed.append((_prepack(gate_up), _prepack(down), rank, hidden))
-    return packed
+        return _prepack(gate_up), _prepack(down), rank, hidden
+
+    with ThreadPoolExecutor(PACKERS) as pool:  # prepacking is most of it, and releases the GIL
+        return list(pool.map(layer, range(n_layers)))
 
 
 def packed_bytes(packed: Packed) -> int:

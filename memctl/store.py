@@ -16,7 +16,8 @@ whose budget is counted in bytes, and never serves a block that is blocked or ou
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -29,6 +30,7 @@ from .registry import Registry, block_id
 
 DEFAULT_CACHE_MB = 512
 PATH_PACKS = 4  # int8 serving: packs of the most recently fetched paths kept
+READERS = 2  # block files read at once on a cold fetch (sha256 and the copy release the GIL)
 Key = tuple[int, int]  # (level, node); level 0 is the generic memory
 
 
@@ -152,7 +154,10 @@ class BlockStore:
             total -= self._drop_packs()
             self.stats.evictions += 1
 
-    def get(self, level: int, idx: int) -> dict[str, torch.Tensor] | None:
+    def get(
+        self, level: int, idx: int, read: dict[Key, dict[str, torch.Tensor]] | None = None
+    ) -> dict[str, torch.Tensor] | None:
+        """A block from the cache or its file; `read` holds blocks `read_ahead` already read for this fetch."""
         self.refresh()
         key = (level, idx)
         if key in self._withheld:
@@ -165,7 +170,7 @@ class BlockStore:
         row = self._rows.get(key)
         if row is None:
             return None
-        raw = self.reg.read_block(row)
+        raw = read.pop(key) if read and key in read else self.reg.read_block(row)
         block = raw
         if self.place != CPU:
             block = {p: t.to(device=self.place.device, dtype=self.place.dtype) for p, t in raw.items()}
@@ -187,9 +192,11 @@ class BlockStore:
         (api.unique_paths), so each block is fetched once. With int8, each row's blocks, all its
         paths together, are packed once (memory.pack_int8)."""
         got: dict[Key, dict[str, torch.Tensor]] = {}
+        rows = paths.reshape(-1, paths.shape[2]).tolist()
+        read = self.read_ahead((lvl + 1, n) for row in rows for lvl, n in enumerate(row) if n >= 0)
 
         def lookup(level: int, node: int) -> dict[str, torch.Tensor] | None:
-            block = self.get(level, node)
+            block = self.get(level, node, read)
             if block is not None:
                 got[(level, node)] = block
             return block
@@ -206,6 +213,17 @@ class BlockStore:
             rows.setdefault(keys, []).append(i)
         fetched.packed = [(torch.tensor(r), self._pack(keys, got)) for keys, r in rows.items() if keys]
         return fetched
+
+    def read_ahead(self, keys: Iterable[Key]) -> dict[Key, dict[str, torch.Tensor]]:
+        """Read the files of the blocks among `keys` that are neither cached nor withheld, READERS at a
+        time (a cold fetch reads a path's blocks together: each read is mostly its sha256 check).
+        The cache takes them as `get` asks for them, in path order, so eviction order is unchanged."""
+        self.refresh()
+        todo = [k for k in dict.fromkeys(keys) if k not in self._cache and k in self._rows]
+        if len(todo) < 2:
+            return {}
+        with ThreadPoolExecutor(min(len(todo), READERS)) as pool:
+            return dict(zip(todo, pool.map(lambda k: self.reg.read_block(self._rows[k]), todo), strict=True))
 
     def fetch_generic(self, batch: int) -> Fetched:
         block = self.get(0, 0)
