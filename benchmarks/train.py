@@ -8,7 +8,8 @@ On the elements example and the real anchor, in one process:
   same order within each unit, with the same loss (`memctl.batches.batch_loss`: next-token on
   windows; under distill, cross-entropy against the open-book teacher's cached top-k on prompts
   about the windows). The two runs take turns on the CPU (Turns), so a drift in machine speed falls
-  on both. Both are then scored on the same probes (8 greedy tokens, memctl.probes.is_correct).
+  on both. Both are then scored on the same probes (8 greedy tokens, memctl.probes.is_correct), and
+  on their rephrasings (the same facts in words no prompt rule writes).
 * levers: the measured share of each of memctl's shortcuts in the speed-up, added one at a time to a
   naive scheme (full-depth memories, anchor gradients and AdamW state, batches mixing clusters).
 * ceiling: FLOP per token from the anchor's shapes against the matmul GFLOP/s measured here.
@@ -71,7 +72,10 @@ MEMCTL = 0  # memctl's run index in Turns (LoRA's is train_lora.LORA)
 
 
 # ---- data, banks, batches ---------------------------------------------------------------------------
-def build_data(work: Path, n_docs: int | None, n_probes: int | None) -> tuple[Path, list[Probe]]:
+ProbeSets = dict[str, list[Probe]]  # "probes" (the main set), "rephrased"
+
+
+def build_data(work: Path, n_docs: int | None, n_probes: int | None) -> tuple[Path, ProbeSets]:
     data = work / "data"
     build = [sys.executable, str(ROOT / "examples/elements/build.py"), "--out", str(data)]
     subprocess.run(build, check=True, stdout=subprocess.DEVNULL)
@@ -81,8 +85,10 @@ def build_data(work: Path, n_docs: int | None, n_probes: int | None) -> tuple[Pa
     corpus = data / "bench.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))
     ids = {str(d["id"]) for d in docs}
-    probes = [p for p in load_probes(data / "probes.jsonl") if p.doc in ids]
-    return corpus, sample_probes(probes, n_probes, seed=0)
+    sets = {}
+    for name, file in (("probes", "probes.jsonl"), ("rephrased", "probes-rephrased.jsonl")):
+        sets[name] = sample_probes([p for p in load_probes(data / file) if p.doc in ids], n_probes, seed=0)
+    return corpus, sets
 
 
 def make_bank(name: str, corpus: Path, home: Path, tree: tuple[int, int], ranks: tuple[int, ...] | None,
@@ -228,6 +234,7 @@ def score(texts: list[str], probes: list[Probe]) -> dict[str, Any]:
 
 
 def memctl_scores(name: str, home: Path, anchor: Anchor, probes: list[Probe]) -> dict[str, dict]:
+    """Fetched memories and the anchor alone on `probes`."""
     out: dict[str, list[str]] = {"none": [], "fetched": []}
     with BankSession(name, home, anchor=anchor) as s:
         for i in range(0, len(probes), 16):
@@ -284,7 +291,7 @@ def both_runs(reg: Registry, anchor: Anchor, home: Path, tcfg: TrainConfig, spli
 
 
 def compare(a: argparse.Namespace, b: Bench, reg: Registry, home: Path, tcfg: TrainConfig, split_head: bool,
-            probes: list[Probe]) -> None:  # fmt: skip
+            sets: ProbeSets) -> None:  # fmt: skip
     anchor, mem, n, nm = b.anchor, reg.config.memory, b.anchor.n_layers, len(reg.config.memory.layers)
     obj = tcfg.objective
     prep_s = 0.0
@@ -313,32 +320,33 @@ def compare(a: argparse.Namespace, b: Bench, reg: Registry, home: Path, tcfg: Tr
     for key in m_times:  # the same batches for both: each unit's first step (warm-up) left out
         m.add(*m_times[key])
         lo.add(*l_times[key])
-    console.print(f"[dim]scoring {len(probes)} probes[/dim]")
-    ms = memctl_scores(reg.name, home, anchor, probes)
-    ls = score(lora_answers(la, probes), probes)
+    console.print(f"[dim]scoring {' and '.join(f'{len(v)} {k}' for k, v in sets.items())}[/dim]")
+    ms = {k: memctl_scores(reg.name, home, anchor, v) for k, v in sets.items()}
+    ls = {k: score(lora_answers(la, v), v) for k, v in sets.items()}
     del la
     m_loss = [sum(getattr(t.result, f) for t in trained) / len(trained) for f in ("loss_first", "loss_last")]
     shape = {"t_att": t_att, "head_frac": head_frac}
     rows = {
         "memctl": {"params": mem.fetched_params, "steps": m.to_dict(), "tok_s_all": tokens / m_wall, "loss": m_loss,
-                   "probes": ms["fetched"], **b.ceiling(nm, nm, mem.fetched_params, **shape)},
+                   **{k: v["fetched"] for k, v in ms.items()}, **b.ceiling(nm, nm, mem.fetched_params, **shape)},
         "lora": {"params": l_params, "rank": rank, "lr": a.lora_lr, "steps": lo.to_dict(), "tok_s_all": tokens / l_wall,
-                 "loss": mean_ends(l_losses), "probes": ls, **b.ceiling(n, n, l_params, **shape)},
+                 "loss": mean_ends(l_losses), **ls, **b.ceiling(n, n, l_params, **shape)},
     }  # fmt: skip
     ratio = m.tok_s / lo.tok_s
     b.out.setdefault("compare", {})[obj] = {
         "tokens": tokens, "batches": len(stream), "mean_keys": t_att, "head_frac": head_frac, "prepare_s": prep_s,
-        "turn_s": a.turn_s, "handovers": turns.handovers, "anchor_probes": ms["none"], "ratio": ratio, **rows,
+        "turn_s": a.turn_s, "handovers": turns.handovers, "anchor": {k: v["none"] for k, v in ms.items()},
+        "ratio": ratio, **rows,
     }  # fmt: skip
     show(f"memctl vs LoRA, objective {obj}: the same {len(stream)} batches ({tokens:,} tokens, batch "
          f"{tcfg.batch_size}, {tcfg.epochs} epochs)",
          ("", "trainable/step", "tok/s (steps)", "tok/s (all)", "GFLOP/token", "ceiling tok/s", "of ceiling",
-          "loss first → last", f"probes ({len(probes)})"),
+          "loss first → last", *(f"{k} ({len(v)})" for k, v in sets.items())),
          [[name, f"{r['params'] / 1e6:.2f}M", f"{r['steps']['tok_s']:.0f}", f"{r['tok_s_all']:.0f}",
            f"{r['gflop_token']:.3f}", f"{r['ceiling_tok_s']:.0f}",
            f"{100 * r['steps']['tok_s'] / r['ceiling_tok_s']:.0f}%",
-           f"{r['loss'][0]:.2f} → {r['loss'][1]:.2f}", pct(r["probes"])] for name, r in rows.items()]
-         + [["anchor alone", *["-"] * 7, pct(ms["none"])]])  # fmt: skip
+           f"{r['loss'][0]:.2f} → {r['loss'][1]:.2f}", *(pct(r[k]) for k in sets)] for name, r in rows.items()]
+         + [["anchor alone", *["-"] * 7, *(pct(ms[k]["none"]) for k in sets)]])  # fmt: skip
     loss = (
         "next-token cross-entropy on every window"
         if obj == "lm"
@@ -460,7 +468,7 @@ def main() -> None:
         a.lever_steps, a.growth_steps, a.growth_units = 2, 2, 1
     work, parts = Path(a.work), set(a.parts.split(","))
     home = work / "home"
-    corpus, probes = build_data(work, a.docs, a.probes)
+    corpus, sets = build_data(work, a.docs, a.probes)
     k, p = (int(v) for v in a.tree.split(","))
     console.print(f"[dim]ingesting {corpus.name} (tree {k}x{p}, memories {a.memory_layers})[/dim]")
     reg = make_bank("train", corpus, home, (k, p), None, a.memory_layers)
@@ -494,7 +502,7 @@ def main() -> None:
     )
     if "compare" in parts:
         for obj in a.objectives.split(","):
-            compare(a, b, reg, home, dataclasses.replace(tcfg, objective=obj), split_head, probes)
+            compare(a, b, reg, home, dataclasses.replace(tcfg, objective=obj), split_head, sets)
     if "levers" in parts:
         levers(a, b, reg, tcfg, split_head)
     if "growth" in parts:
