@@ -155,7 +155,7 @@ class BlockStore:
             self.stats.evictions += 1
 
     def get(
-        self, level: int, idx: int, read: dict[Key, dict[str, torch.Tensor]] | None = None
+        self, level: int, idx: int, read: dict[Key, tuple[str, dict[str, torch.Tensor]]] | None = None
     ) -> dict[str, torch.Tensor] | None:
         """A block from the cache or its file; `read` holds blocks `read_ahead` already read for this fetch."""
         self.refresh()
@@ -170,7 +170,8 @@ class BlockStore:
         row = self._rows.get(key)
         if row is None:
             return None
-        raw = read.pop(key) if read and key in read else self.reg.read_block(row)
+        ahead = read.pop(key, None) if read else None  # read before a refresh: only if the file is still this row's
+        raw = ahead[1] if ahead and ahead[0] == row["sha256"] else self.reg.read_block(row)
         block = raw
         if self.place != CPU:
             block = {p: t.to(device=self.place.device, dtype=self.place.dtype) for p, t in raw.items()}
@@ -192,8 +193,8 @@ class BlockStore:
         (api.unique_paths), so each block is fetched once. With int8, each row's blocks, all its
         paths together, are packed once (memory.pack_int8)."""
         got: dict[Key, dict[str, torch.Tensor]] = {}
-        rows = paths.reshape(-1, paths.shape[2]).tolist()
-        read = self.read_ahead((lvl + 1, n) for row in rows for lvl, n in enumerate(row) if n >= 0)
+        flat = paths.reshape(-1, paths.shape[2]).tolist()
+        read = self.read_ahead((lvl + 1, n) for path in flat for lvl, n in enumerate(path) if n >= 0)
 
         def lookup(level: int, node: int) -> dict[str, torch.Tensor] | None:
             block = self.get(level, node, read)
@@ -214,16 +215,19 @@ class BlockStore:
         fetched.packed = [(torch.tensor(r), self._pack(keys, got)) for keys, r in rows.items() if keys]
         return fetched
 
-    def read_ahead(self, keys: Iterable[Key]) -> dict[Key, dict[str, torch.Tensor]]:
+    def read_ahead(self, keys: Iterable[Key]) -> dict[Key, tuple[str, dict[str, torch.Tensor]]]:
         """Read the files of the blocks among `keys` that are neither cached nor withheld, READERS at a
-        time (a cold fetch reads a path's blocks together: each read is mostly its sha256 check).
-        The cache takes them as `get` asks for them, in path order, so eviction order is unchanged."""
+        time (a cold fetch reads a path's blocks together: each read is mostly its sha256 check), each
+        with the sha256 it was read under. The cache takes them as `get` asks for them, in path order,
+        so eviction order is unchanged; `get` reads again a block whose file changed in between."""
         self.refresh()
         todo = [k for k in dict.fromkeys(keys) if k not in self._cache and k in self._rows]
         if len(todo) < 2:
             return {}
         with ThreadPoolExecutor(min(len(todo), READERS)) as pool:
-            return dict(zip(todo, pool.map(lambda k: self.reg.read_block(self._rows[k]), todo), strict=True))
+            rows = [self._rows[k] for k in todo]
+            blocks = pool.map(self.reg.read_block, rows)
+            return {k: (r["sha256"], b) for k, r, b in zip(todo, rows, blocks, strict=True)}
 
     def fetch_generic(self, batch: int) -> Fetched:
         block = self.get(0, 0)

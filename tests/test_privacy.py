@@ -99,6 +99,22 @@ def test_blocking_from_another_process_and_retraining_are_never_served_stale(hom
         assert not torch.equal(first.levels[0].down, served.levels[0].down)
 
 
+def test_a_block_read_ahead_and_then_replaced_is_not_served_stale(home: Path, bank: Registry) -> None:
+    with BankSession("p", home) as s:
+        path = s.route([PROMPT])
+        l1, leaf = (1, int(path[0, 0])), (2, int(path[0, 1]))
+        read = s.store.read_ahead([l1, leaf])
+        assert set(read) == {l1, leaf}
+        old = {key: read[key][1]["down"] for key in read}
+        train("p", {**CFG, "seed": 7}, subtree=l1[1], retrain=True, home=home)  # new files, new bytes
+        now = Registry.open("p", home)
+        for key in (l1, leaf):
+            served = s.store.get(*key, read)
+            assert served is not None
+            assert torch.equal(served["down"], now.read_block(now.block(*key))["down"])
+            assert not torch.equal(served["down"], old[key])
+
+
 def test_cache_respects_its_byte_budget_and_pins_shallow_levels(home: Path, bank: Registry) -> None:
     leaves = [(2, r["idx"]) for r in bank.blocks("level = 2 and file is not null")]
     l1 = [(1, r["idx"]) for r in bank.blocks("level = 1 and file is not null")]
