@@ -32,6 +32,7 @@ from .memory import Fetched
 from .placement import Placement
 from .rag import Retriever
 from .registry import Registry, memctl_home
+from .relevance import CALIBRATION_WINDOWS, calibrate, gate, sample_step, unrelated
 from .store import DEFAULT_CACHE_MB, BlockStore
 from .tree import Tree, route
 
@@ -56,7 +57,9 @@ class Memories:
     `allow`: access tags (None = the owner: every block that is not blocked); `cache_mb`: byte budget
     of loaded blocks; `pin_levels`: shallow levels kept loaded; `serve_blocked` is for proofs about
     the parameters themselves (forgetting), never for answers; `int8`: forward passes use the fetched
-    blocks as int8 weights (a float32 model on the CPU; see memory.pack_int8)."""
+    blocks as int8 weights (a float32 model on the CPU; see memory.pack_int8); `min_relevance`: the
+    relevance gate's floor (memctl.relevance; None: calibrated on the bank's windows, 0: off), below
+    which a routed context fetches nothing and the anchor answers alone."""
 
     def __init__(
         self,
@@ -68,9 +71,12 @@ class Memories:
         pin_levels: int = 1,
         serve_blocked: bool = False,
         int8: bool = False,
+        min_relevance: float | None = None,
     ) -> None:
         if cache_mb < 0:
             raise InputError("--cache-mb must be non-negative")
+        if min_relevance is not None and not -1 <= min_relevance <= 1:
+            raise InputError(f"--min-relevance is a cosine similarity in [-1, 1] (0: off), got {min_relevance}")
         self.home = home or memctl_home()
         self.reg = Registry.open(name, self.home)
         self.cfg = self.reg.config
@@ -82,6 +88,7 @@ class Memories:
         self.store = BlockStore(self.reg, int(cache_mb * 2**20), pin_levels, allow, serve_blocked, int8)
         self._retriever: Retriever | None = None
         self._handle: MemoryHandle | None = None
+        self._floor = min_relevance
 
     # ---- attaching ------------------------------------------------------------------------------
     def attach(self, model: nn.Module) -> Memories:
@@ -131,18 +138,39 @@ class Memories:
 
     # ---- routing and fetching ---------------------------------------------------------------------
     def route(self, texts: Sequence[str]) -> np.ndarray:
-        """(B,) texts -> (B, p) node index per level."""
+        """(B,) texts -> (B, p) node index per level (no gate: every row gets a path)."""
         return route(self.tree, self.embedder.encode(list(texts)))
 
-    def fetch(self, mode: str, paths: np.ndarray | None, batch: int) -> Fetched | None:
+    @property
+    def relevance_floor(self) -> float:
+        """The gate's floor: `min_relevance`, or calibrated on a sample of the bank's windows."""
+        if self._floor is None:
+            n = self.reg.count("windows")
+            sql = "select embedding from windows where id % ? = 0 order by id limit ?"
+            rows = list(self.reg.db.query(sql, [sample_step(n), CALIBRATION_WINDOWS]))
+            if not rows:  # ids too sparse for the stride: the first ones
+                first = "select embedding from windows order by id limit ?"
+                rows = list(self.reg.db.query(first, [CALIBRATION_WINDOWS]))
+            x = np.stack([np.frombuffer(r["embedding"], dtype=np.float32) for r in rows])
+            self._floor = calibrate(self.tree, x)
+        return self._floor
+
+    def unrelated(self, x: np.ndarray, paths: np.ndarray) -> np.ndarray:
+        """(B,) bool: contexts (embedded as x, routed to paths) the relevance gate leaves to the
+        anchor alone."""
+        return unrelated(self.tree, x, paths, self.relevance_floor)
+
+    def fetch(self, mode: str, paths: np.ndarray | None, batch: int, off: np.ndarray | None = None) -> Fetched | None:
+        """The blocks for a batch: `mode` fetched (each row its path), generic or none. Rows marked
+        in `off` (the relevance gate's `unrelated`) fetch nothing in either memory mode."""
         if mode == "none":
             return None
         if mode == "generic":
-            return self.store.fetch_generic(batch)
+            return self.store.fetch_generic(batch, off)
         if mode == "fetched":
             if paths is None:
                 raise InputError("fetched memories need routes (paths)")
-            return self.store.fetch_paths(paths)
+            return self.store.fetch_paths(gate(paths, off) if off is not None else paths)
         raise InputError(f"unknown memory mode {mode!r}; use one of {', '.join(MODES)}")
 
     def fetch_union(self, paths: np.ndarray) -> Fetched:
@@ -158,14 +186,20 @@ class Memories:
     ) -> np.ndarray | None:
         """Choose the blocks of the next forward passes, row by row: route `prompts` (or take `paths`,
         (B, p)) and fetch their blocks; mode 'generic' or 'none' needs only the batch size.
-        Returns the paths. Rows of an expanded batch (beams, several samples per prompt) inherit
-        the blocks of their prompt."""
-        if paths is None and prompts is not None and mode == "fetched":
-            paths = self.route(prompts)
+        Returns the paths; a prompt the relevance gate finds unrelated to the bank fetches nothing
+        in either memory mode, and its row is -1 at every level. Given `paths` are used as they are.
+        Rows of an expanded batch (beams, several samples per prompt) inherit the blocks of their
+        prompt."""
+        off = None
+        if paths is None and prompts is not None and mode != "none":
+            x = self.embedder.encode(list(prompts))
+            routed = route(self.tree, x)
+            off = self.unrelated(x, routed)
+            paths = gate(routed, off) if mode == "fetched" else None
         batch = len(prompts) if prompts is not None else (len(paths) if paths is not None else 0)
         if batch == 0:
             raise InputError("give the prompts (or their paths) the next forward passes are about")
-        self.handle.set(self.fetch(mode, paths, batch))
+        self.handle.set(self.fetch(mode, paths, batch, off))
         return paths
 
     @property

@@ -58,6 +58,7 @@ class Turn:
     timings: dict[str, float] = field(default_factory=dict)  # route_s, retrieve_s, fetch_s, generate_s, first_token_s
     tokens: int = 0
     store: dict[str, int] = field(default_factory=dict)  # this turn's block-store hits, misses, bytes read
+    unrelated: bool = False  # the relevance gate found the routed text unrelated: no memory was fetched
 
 
 class _Stream(TextStreamer):
@@ -138,6 +139,7 @@ class Chat:
             routed = "\n".join([t.user for t in history] + [message])
         x = s.embedder.encode([routed])
         paths = route(s.tree, x)
+        off = s.unrelated(x, paths) if st.mode != "none" else None
         t_route = time.perf_counter() - t0
         t1 = time.perf_counter()
         retrieved = None
@@ -150,7 +152,7 @@ class Chat:
         t_retrieve = time.perf_counter() - t1
         t2 = time.perf_counter()
         stats0 = s.store.stats.to_dict()
-        fetched = s.fetch(st.mode, paths, 1)
+        fetched = s.fetch(st.mode, paths, 1, off)
         t_fetch = time.perf_counter() - t2
         store = {k: v - stats0[k] for k, v in s.store.stats.to_dict().items()}
         tok = s.anchor.tokenizer
@@ -178,7 +180,8 @@ class Chat:
             )
         t_gen = time.perf_counter() - t3
         path = [int(v) for v in paths[0]]
-        used, withheld = s.blocks_used(st.mode, path if st.mode == "fetched" else None)
+        gated = bool(off is not None and off[0])
+        used, withheld = s.blocks_used(st.mode, path if st.mode == "fetched" else None) if not gated else ([], [])
         turn = Turn(
             message,
             "".join(pieces).strip(),
@@ -197,6 +200,7 @@ class Chat:
             },
             stream.tokens,
             store,
+            gated,
         )
         if remember:
             self.history.append(turn)
@@ -214,7 +218,9 @@ class Chat:
 def describe(turn: Turn) -> str:
     """One line about a turn: what was fetched and retrieved, and how long each stage took."""
     st = turn.settings
-    if st.mode == "fetched":
+    if turn.unrelated:
+        what = "unrelated to the bank: anchor alone, no memory fetched"
+    elif st.mode == "fetched":
         nodes = " / ".join(
             f"{block_id(lvl + 1, n)} [{label}]"
             for lvl, (n, label) in enumerate(zip(turn.path or [], turn.labels, strict=True))
@@ -227,7 +233,7 @@ def describe(turn: Turn) -> str:
         what += f"; RAG: {r['doc_id']} ({r['title']})" if r else "; RAG: nothing in the routed subtree"
     t, io = turn.timings, turn.store
     speed = turn.tokens / t["generate_s"] if t["generate_s"] > 0 else 0.0
-    if st.mode != "none":
+    if st.mode != "none" and not turn.unrelated:
         what += (
             f"; read {io.get('bytes_read', 0) / 2**20:.1f} MiB ({io.get('misses', 0)} read, {io.get('hits', 0)} cached)"
         )

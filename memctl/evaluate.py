@@ -35,6 +35,7 @@ from .memory import Fetched
 from .perplexity import token_losses
 from .probes import PROBE_TOKENS, Probe, file_sha256, is_correct
 from .rag import with_context
+from .relevance import gate
 from .serve import BankSession, greedy
 from .tree import best_matching, route, route_avoiding, route_beam
 
@@ -88,6 +89,7 @@ class Job:
     mode: str = "none"  # none | generic | fetched
     paths: np.ndarray | None = None  # (n, p) for fetched; -1 = nothing at that level
     seqs: list[int] = field(default_factory=list)  # perplexity: the chunk's token ids
+    off: bool = False  # the relevance gate left this context to the anchor alone (generic mode)
 
 
 @dataclass
@@ -144,6 +146,8 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
         routes = route(tree, x)
     else:
         x, routes = np.zeros((0, tree.dim), np.float32), np.zeros((0, tree.p), np.int64)
+    off = session.unrelated(x, routes)  # the relevance gate: these probes get the anchor alone
+    gated = gate(routes, off)
     by_doc = doc_routes(session)
     known = np.array([p.doc in by_doc for p in probes], dtype=bool)
     setups = list(opts.setups)
@@ -167,11 +171,11 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
     jobs: list[Job] = []
 
     def add(group: str, i: int, prompt: str, mode: str, paths: np.ndarray | None = None, sub: str = "") -> None:
-        jobs.append(Job(f"{group}|{i}|{sub}", group, i, probes[i].doc, prompt, mode, paths))
+        jobs.append(Job(f"{group}|{i}|{sub}", group, i, probes[i].doc, prompt, mode, paths, off=bool(off[i])))
 
     for s in setups:
         for i, p in enumerate(probes):
-            route1 = routes[i][None]
+            route1 = gated[i][None]
             rag_prompt = rag_prompts[i]
             if s in ("anchor", "generic"):
                 add(s, i, p.prompt, "none" if s == "anchor" else "generic")
@@ -183,13 +187,13 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
                 add(s, i, rag_prompt, "fetched", route1)
             elif s == "oracle-rag":
                 add(s, i, open_book(session, p), "none")
-            elif s == "fetched-corrupted":
+            elif s == "fetched-corrupted":  # a diagnostic of the wrong leaf's blocks: never gated
                 for sib in siblings(session, int(routes[i, -1])):
-                    wrong = route1.copy()
+                    wrong = routes[i][None].copy()
                     wrong[0, -1] = sib
                     add(s, i, p.prompt, "fetched", wrong, str(sib))
     if opts.beam > 1:
-        beams = route_beam(tree, x, opts.beam)
+        beams = gate(route_beam(tree, x, opts.beam), off)
         for i, p in enumerate(probes):
             add(f"fetched beam={opts.beam}", i, p.prompt, "fetched", beams[i])
     blocked: dict[float, list[list[tuple[int, int]]]] = {}
@@ -204,8 +208,17 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
                 path = route_avoiding(tree, x[i], set(nodes))
             else:
                 path = np.array([-1 if (lvl + 1, int(n)) in nodes else int(n) for lvl, n in enumerate(routes[i])])
-            add(f"fetched blocked={f:g}", i, p.prompt, "fetched", path[None])
+            add(f"fetched blocked={f:g}", i, p.prompt, "fetched", gate(path[None], off[i : i + 1]))
     ppl_jobs = perplexity_jobs(session, ppl_texts, [s for s in setups if s in PPL_SETUPS])
+    if session.relevance_floor > 0 and set(setups) & {"generic", "fetched", "rag+fetched"}:
+        ppl_off = {j.index for j in ppl_jobs if j.off}
+        notes.append(
+            f"relevance gate (floor {session.relevance_floor:.3f}, cosine to the routed leaf): "
+            f"{int(off.sum())} of {len(probes)} probes"
+            + (f" and {len(ppl_off)} of {len(ppl_texts)} perplexity documents" if ppl_jobs else "")
+            + " judged unrelated to the bank, answered by the anchor alone in every memory setup "
+            "(--min-relevance 0 turns the gate off)"
+        )
     agree = agreement(routes, [p.doc for p in probes], by_doc)
     info = [r.to_dict() if r else None for r in retrieved]
     return Plan(probes, jobs + ppl_jobs, routes, agree, known, blocked, info, notes, len(ppl_texts))
@@ -218,7 +231,10 @@ def perplexity_jobs(session: BankSession, texts: Sequence[str], setups: Sequence
         return []
     tok = session.anchor.tokenizer
     size = max(2, min(PPL_CHUNK, session.cfg.window))
-    routes = session.route(list(texts))
+    x = session.embedder.encode(list(texts))
+    routes = route(session.tree, x)
+    off = session.unrelated(x, routes)  # the relevance gate, as for probes
+    routes = gate(routes, off)
     jobs = []
     for d, text in enumerate(texts):
         ids = tok(text, add_special_tokens=False)["input_ids"]
@@ -227,7 +243,8 @@ def perplexity_jobs(session: BankSession, texts: Sequence[str], setups: Sequence
         for s in setups:
             for c, seq in enumerate(chunks):
                 paths = routes[d][None] if s == "fetched" else None
-                jobs.append(Job(f"ppl {s}|{d}|{c}", f"ppl {s}", d, "", "", PPL_SETUPS[s], paths, list(seq)))
+                job = Job(f"ppl {s}|{d}|{c}", f"ppl {s}", d, "", "", PPL_SETUPS[s], paths, list(seq), bool(off[d]))
+                jobs.append(job)
     return jobs
 
 
@@ -241,7 +258,7 @@ def _fetched(session: BankSession, batch: list[Job]) -> Fetched | None:
     """The blocks of a batch of one group: every row its own paths (a beam's several), or one mode."""
     if batch[0].mode == "fetched":
         return session.fetch_union(np.stack([j.paths for j in batch]))  # type: ignore[misc]
-    return session.fetch(batch[0].mode, None, len(batch))
+    return session.fetch(batch[0].mode, None, len(batch), np.array([j.off for j in batch]))
 
 
 def run_jobs(
@@ -320,6 +337,7 @@ def run_eval(
         perplexity=str(perplexity) if perplexity else None,
         perplexity_sha256=file_sha256(perplexity) if perplexity and Path(perplexity).is_file() else None,
         probe_tokens=PROBE_TOKENS,
+        relevance_floor=session.relevance_floor,  # another gate answers differently: a new run
     )
     runs = EvalRuns(session.reg) if store else None
     opened = runs.open(str(probes_path or ""), params, fresh) if runs else None

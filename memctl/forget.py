@@ -271,7 +271,8 @@ def forget(
     """Carry out a plan (see the module doc). Raises ForgetInterrupted, with nothing changed, on Ctrl-C."""
     home = home or memctl_home()
     t0 = time.perf_counter()
-    session = BankSession(plan.bank, home, serve_blocked=True)  # the proof is about parameters, blocked or not
+    # the proof is about parameters, blocked or not, and about every text: no relevance gate
+    session = BankSession(plan.bank, home, serve_blocked=True, min_relevance=0.0)
     reg = session.reg
     try:
         ids = check_docs(reg, plan.docs)

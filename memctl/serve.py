@@ -18,6 +18,7 @@ from .memory import Fetched
 from .placement import CPU, Placement, placement
 from .rag import Retrieved, with_context
 from .registry import block_id
+from .relevance import leaf_similarity
 from .store import DEFAULT_CACHE_MB
 from .tree import route
 
@@ -32,6 +33,8 @@ class Answer:
     withheld: list[str] = field(default_factory=list)  # blocks on the path that are blocked or out of reach
     timings: dict[str, float] = field(default_factory=dict)
     retrieved: dict[str, Any] | None = None  # RAG: the window put in the prompt (id, document, title, score)
+    relevance: float | None = None  # cosine of the prompt to its routed leaf (memctl.relevance)
+    unrelated: bool = False  # below the bank's relevance floor: no memory was fetched, the anchor answered
 
 
 @torch.no_grad()
@@ -69,11 +72,19 @@ class BankSession(Memories):
         serve_blocked: bool = False,
         int8: bool = False,
         place: Placement = CPU,
+        min_relevance: float | None = None,
     ) -> None:
         """`place`: the device and dtype the anchor is loaded to (memctl.placement); its blocks are
         served there too."""
         super().__init__(
-            name, home, allow=allow, cache_mb=cache_mb, pin_levels=pin_levels, serve_blocked=serve_blocked, int8=int8
+            name,
+            home,
+            allow=allow,
+            cache_mb=cache_mb,
+            pin_levels=pin_levels,
+            serve_blocked=serve_blocked,
+            int8=int8,
+            min_relevance=min_relevance,
         )
         try:
             self.anchor = anchor or load_anchor(self.cfg.anchor, self.home, place)
@@ -113,10 +124,12 @@ class BankSession(Memories):
         if not prompts:
             return []
         t0 = time.perf_counter()
-        x = None
-        if (mode == "fetched" or rag) and paths is None:
+        x, off, sims = None, None, None
+        if (mode != "none" or rag) and paths is None:  # routes given by the caller are used as they are
             x = self.embedder.encode(list(prompts))
             paths = route(self.tree, x)
+            sims = leaf_similarity(self.tree, x, paths)
+            off = self.unrelated(x, paths) if mode != "none" else None
         t_route = time.perf_counter() - t0
         t1 = time.perf_counter()
         found: list[Retrieved | None] = [None] * len(prompts)
@@ -130,7 +143,7 @@ class BankSession(Memories):
                      for p, r in zip(prompts, found, strict=True)]  # fmt: skip
         t_retrieve = time.perf_counter() - t1
         t2 = time.perf_counter()
-        fetched = self.fetch(mode, paths, len(prompts))
+        fetched = self.fetch(mode, paths if mode == "fetched" else None, len(prompts), off)
         t_fetch = time.perf_counter() - t2
         t3 = time.perf_counter()
         outs = greedy(self.anchor, self.handle, self.encode_prompts(texts, chat), fetched, max_new_tokens)
@@ -139,9 +152,11 @@ class BankSession(Memories):
         answers = []
         for i, (p, t) in enumerate(zip(prompts, outs, strict=True)):
             path = [int(v) for v in paths[i]] if paths is not None and mode == "fetched" else None
-            blocks, withheld = self.blocks_used(mode, path)
+            gated = bool(off is not None and off[i])
+            blocks, withheld = self.blocks_used(mode, path) if not gated else ([], [])
             r = found[i]
-            answers.append(Answer(p, t, mode, path, blocks, withheld, timings, r.to_dict() if r else None))
+            rel = float(sims[i]) if sims is not None else None
+            answers.append(Answer(p, t, mode, path, blocks, withheld, timings, r.to_dict() if r else None, rel, gated))
         return answers
 
     def context_room(self, prompt: str, reserve: int) -> int:
@@ -180,11 +195,14 @@ def ask(
     int8: bool = False,
     device: str | None = None,
     dtype: str | None = None,
+    min_relevance: float | None = None,
 ) -> dict[str, Any]:
     if not prompt.strip():
         raise InputError("the prompt is empty")
     place = placement(device, dtype)
-    with BankSession(name, home, allow=allow, cache_mb=cache_mb, int8=int8, place=place) as s:
+    with BankSession(
+        name, home, allow=allow, cache_mb=cache_mb, int8=int8, place=place, min_relevance=min_relevance
+    ) as s:
         ans = s.generate([prompt], mode=mode, max_new_tokens=max_new_tokens, chat=chat, rag=rag)[0]
         return {
             "bank": name,
@@ -195,6 +213,9 @@ def ask(
             "blocks": ans.blocks,
             "withheld": ans.withheld,
             "retrieved": ans.retrieved,
+            "relevance": ans.relevance,
+            "relevance_floor": s.relevance_floor,
+            "unrelated": ans.unrelated,
             "allow": sorted(allow) if allow is not None else None,
             "timings": ans.timings,
             "int8": int8,

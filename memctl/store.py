@@ -16,7 +16,7 @@ whose budget is counted in bytes, and never serves a block that is blocked or ou
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
@@ -229,13 +229,16 @@ class BlockStore:
             blocks = pool.map(self.reg.read_block, rows)
             return {k: (r["sha256"], b) for k, r, b in zip(todo, rows, blocks, strict=True)}
 
-    def fetch_generic(self, batch: int) -> Fetched:
-        block = self.get(0, 0)
+    def fetch_generic(self, batch: int, off: Sequence[bool] | np.ndarray | None = None) -> Fetched:
+        """The generic block for every row of a batch but those marked in `off` (nothing for them)."""
+        rows = [i for i in range(batch) if off is None or not off[i]]
+        block = self.get(0, 0) if rows else None
         if block is None:
             return Fetched(levels=[], batch=batch)
-        fetched = Fetched(levels=[_level([block], [0] * batch)], batch=batch)
+        index = [0 if off is None or not off[i] else -1 for i in range(batch)]
+        fetched = Fetched(levels=[_level([block], index)], batch=batch)
         if self.int8 and _has_neurons(block):
-            fetched.packed = [(torch.arange(batch), self._pack(((0, 0),), {(0, 0): block}))]
+            fetched.packed = [(torch.tensor(rows), self._pack(((0, 0),), {(0, 0): block}))]
         return fetched
 
     def _pack(self, keys: tuple[Key, ...], blocks: dict[Key, dict[str, torch.Tensor]]) -> Packed:

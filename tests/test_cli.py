@@ -43,7 +43,7 @@ def test_ingest_train_info_ask(home: Path, corpus: Path, tiny_anchor: Path) -> N
     ans = json.loads(invoke("ask", "--bank", "b", "Iron is a metal", "--max-new-tokens", "3", "--json").stdout)
     assert len(ans["path"]) == 2 and ans["blocks"] == [f"1:{ans['path'][0]}", f"2:{ans['path'][1]}"]
     assert ans["store"]["misses"] == 2  # only the two blocks on the path were read
-    generic = json.loads(invoke("ask", "--bank", "b", "x", "--generic", "--json").stdout)
+    generic = json.loads(invoke("ask", "--bank", "b", "Iron is a metal", "--generic", "--json").stdout)
     assert generic["blocks"] == ["generic"] and generic["path"] is None
     assert invoke("train", "--bank", "b").stdout.startswith("nothing to train")
 

@@ -9,7 +9,20 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import InputError, MemctlError
-from .common import AllowOpt, BankOpt, CacheMbOpt, DeviceOpt, DtypeOpt, Int8Opt, JsonOpt, app, err, out, run
+from .common import (
+    AllowOpt,
+    BankOpt,
+    CacheMbOpt,
+    DeviceOpt,
+    DtypeOpt,
+    Int8Opt,
+    JsonOpt,
+    MinRelevanceOpt,
+    app,
+    err,
+    out,
+    run,
+)
 
 
 @app.command()
@@ -28,9 +41,11 @@ def ask(
     int8: Int8Opt = False,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    min_relevance: MinRelevanceOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Answer with the memory blocks the prompt routes to (only those are read)."""
+    """Answer with the memory blocks the prompt routes to (only those are read). A prompt unrelated
+    to the bank (below its relevance floor) fetches none: the anchor answers alone."""
     from ..privacy import parse_tags
     from ..serve import ask as do_ask
 
@@ -43,7 +58,7 @@ def ask(
         tags = parse_tags(allow) if allow is not None else None
         return do_ask(
             bank, prompt, mode=mode, max_new_tokens=max_new_tokens, chat=chat, allow=tags, cache_mb=cache_mb, rag=rag,
-            int8=int8, device=device, dtype=dtype,
+            int8=int8, device=device, dtype=dtype, min_relevance=min_relevance,
         )  # fmt: skip
 
     d = run(go)
@@ -52,7 +67,12 @@ def ask(
         return
     out.print(d["answer"].strip(), highlight=False)
     where = {"none": "anchor alone", "generic": "generic memory"}.get(d["mode"])
-    if where is None:
+    if d["unrelated"]:
+        where = (
+            f"unrelated to the bank (relevance {d['relevance']:.2f} < floor {d['relevance_floor']:.2f}): "
+            "anchor alone, no memory fetched"
+        )
+    elif where is None:
         served = ", ".join(d["blocks"]) or ("none served" if d["withheld"] else "none trained")
         where = f"path {'/'.join(map(str, d['path']))}, blocks {served}"
         if d["withheld"]:
@@ -93,6 +113,7 @@ def chat(
     int8: Int8Opt = False,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    min_relevance: MinRelevanceOpt = None,
 ) -> None:
     """Chat with a bank: each turn fetches only the blocks its message routes to, and streams.
 
@@ -109,7 +130,8 @@ def chat(
             raise InputError("the chat app needs a terminal; use --plain for pipes and scripts")
         tags = parse_tags(allow) if allow is not None else None
         place = placement(device, dtype)
-        return Chat(BankSession(bank, allow=tags, cache_mb=cache_mb, int8=int8, place=place), settings)
+        session = BankSession(bank, allow=tags, cache_mb=cache_mb, int8=int8, place=place, min_relevance=min_relevance)
+        return Chat(session, settings)
 
     session_chat = run(open_chat)
     try:

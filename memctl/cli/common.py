@@ -33,6 +33,13 @@ AllowOpt = Annotated[
     str | None, typer.Option(help="TAG,...: fetch only blocks whose every training document has one of these tags.")
 ]
 CacheMbOpt = Annotated[float, typer.Option(help="Byte budget of loaded blocks (MiB).")]
+MinRelevanceOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="Relevance gate: a context whose cosine to its routed leaf is below this fetches no memory "
+        "(default: calibrated per bank, 0.3 x its windows' median; 0 turns the gate off).",
+    ),
+]
 Int8Opt = Annotated[
     bool,
     typer.Option(

@@ -12,7 +12,20 @@ from rich.table import Table
 
 from ..errors import InputError
 from ..evalreport import ci, pct, write_report
-from .common import BankOpt, DeviceOpt, DtypeOpt, Int8Opt, JsonOpt, app, err, human_params, out, run, stage_progress
+from .common import (
+    BankOpt,
+    DeviceOpt,
+    DtypeOpt,
+    Int8Opt,
+    JsonOpt,
+    MinRelevanceOpt,
+    app,
+    err,
+    human_params,
+    out,
+    run,
+    stage_progress,
+)
 
 
 def parse_fractions(text: str | None) -> tuple[float, ...]:
@@ -60,6 +73,7 @@ def eval_cmd(
     int8: Int8Opt = False,
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
+    min_relevance: MinRelevanceOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Probe accuracy (95% Wilson intervals) of every setup, routing agreement, beam, blocked fractions,
@@ -97,7 +111,8 @@ def eval_cmd(
         place = placement(device, dtype)
         if place != CPU:
             params["device"] = place.label  # likewise: only another placement starts a new run
-        with BankSession(bank, allow=tags, int8=int8, place=place) as session, stage_progress(not as_json) as progress:
+        session = BankSession(bank, allow=tags, int8=int8, place=place, min_relevance=min_relevance)
+        with session, stage_progress(not as_json) as progress:
             res = run_eval(session, ps, opts, probes_path=probes, perplexity=perplexity, params=params,
                            fresh=fresh, progress=progress)  # fmt: skip
         res["probes"] = str(probes or "")
@@ -107,6 +122,7 @@ def eval_cmd(
                                 ("--block-fraction", block_fraction),
                                 ("--blocking", blocking if blocking != "reroute" else None),
                                 ("--perplexity", perplexity), ("--allow", allow), ("--limit", limit),
+                                ("--min-relevance", min_relevance),
                                 ("--seed", seed if limit is not None else None), ("--report", report)):  # fmt: skip
                 if value is not None:
                     parts += [flag, str(value)]

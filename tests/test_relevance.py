@@ -1,0 +1,134 @@
+"""The relevance gate (memctl.relevance): a context unrelated to the bank fetches no memory, in ask,
+the Python API, chat and eval, and the anchor answers it exactly as it would alone. Tiny model,
+test embedder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from memctl import Memories
+from memctl import evaluate as ev
+from memctl.bank import ingest
+from memctl.chat import Chat, ChatSettings, describe
+from memctl.cli import app
+from memctl.relevance import RELEVANCE_SHARE, calibrate, gate, leaf_similarity, unrelated
+from memctl.serve import BankSession
+from memctl.train import train
+from memctl.tree import Tree, route
+
+runner = CliRunner()
+RELATED = "Neon is a noble gas that glows red in signs."
+UNRELATED = "Quarterly invoices reconcile ledger spreadsheets with payroll deductions"
+
+
+@pytest.fixture()
+def bank(home: Path, corpus: Path, tiny_anchor: Path) -> str:
+    ingest("g", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    train("g", {"epochs": 1, "batch_size": 2}, home=home)
+    return "g"
+
+
+def test_leaf_similarity_calibration_and_gate_are_plain_cosines() -> None:
+    rng = np.random.default_rng(0)
+    leaves = rng.normal(size=(4, 8)).astype(np.float32)
+    tree = Tree(k=2, p=2, centroids=[leaves.reshape(2, 2, 8).mean(1), leaves], sizes=[np.ones(2), np.ones(4)])
+    x = rng.normal(size=(6, 8)).astype(np.float32)
+    paths = route(tree, x)
+    sims = leaf_similarity(tree, x, paths)
+    for i in range(6):
+        c = leaves[paths[i, -1]]
+        assert sims[i] == pytest.approx(float(c @ x[i] / np.linalg.norm(c) / np.linalg.norm(x[i])), rel=1e-6)
+    assert np.isnan(leaf_similarity(tree, x[:1], np.array([[0, -1]])))[0]  # no leaf: NaN, and gated
+    assert unrelated(tree, x[:1], np.array([[0, -1]]), 0.1).tolist() == [True]
+    assert calibrate(tree, x) == pytest.approx(RELEVANCE_SHARE * float(np.median(sims)))
+    floor = float(np.median(sims))
+    off = unrelated(tree, x, paths, floor)
+    assert off.tolist() == (sims < floor).tolist() and 0 < off.sum() < 6
+    assert not unrelated(tree, x, paths, 0.0).any()  # 0: the gate is off
+    g = gate(paths, off)
+    assert (g[off] == -1).all() and (g[~off] == paths[~off]).all() and (paths >= 0).all()  # a copy
+
+
+def test_floor_is_calibrated_on_the_banks_windows(home: Path, bank: str) -> None:
+    with Memories(bank, home) as mem:
+        _, x = mem.reg.embeddings()
+        sims = leaf_similarity(mem.tree, x, route(mem.tree, x))
+        assert mem.relevance_floor == pytest.approx(RELEVANCE_SHARE * float(np.median(sims)))
+        assert 0 < mem.relevance_floor < float(sims.min())  # every window of the bank passes its own gate
+        off = mem.unrelated(mem.embedder.encode([RELATED, UNRELATED]), mem.route([RELATED, UNRELATED]))
+        assert off.tolist() == [False, True]
+    assert Memories(bank, home, min_relevance=0.5).relevance_floor == 0.5
+    with pytest.raises(Exception, match="min-relevance"):
+        Memories(bank, home, min_relevance=2.0)
+
+
+def _last_logits(s: BankSession, prompts: list[str]) -> torch.Tensor:
+    enc = s.anchor.tokenizer(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        return s.anchor.model(**enc).logits[:, -1]
+
+
+@pytest.mark.parametrize("mode", ["fetched", "generic"])
+def test_an_unrelated_prompt_gets_the_anchor_alone_bit_for_bit(home: Path, bank: str, mode: str) -> None:
+    prompts = [RELATED, UNRELATED]
+    with BankSession(bank, home) as s:
+        s.handle.set(None)
+        alone = _last_logits(s, prompts)
+        paths = s.use(prompts, mode=mode)
+        gated = _last_logits(s, prompts)
+        assert torch.equal(gated[1], alone[1])  # unrelated: nothing fetched, the anchor's own logits
+        assert not torch.equal(gated[0], alone[0])  # related: its memories change the answer
+        if mode == "fetched":
+            assert paths is not None and (paths[1] == -1).all() and (paths[0] >= 0).all()
+        answers = s.generate(prompts, mode=mode, max_new_tokens=3)
+        assert [a.unrelated for a in answers] == [False, True]
+        assert answers[1].blocks == [] and answers[0].blocks
+        assert answers[1].relevance is not None and answers[1].relevance < s.relevance_floor <= answers[0].relevance
+        assert answers[1].text == s.generate([UNRELATED], mode="none", max_new_tokens=3)[0].text
+    with BankSession(bank, home, min_relevance=0.0) as s:  # the gate off: every context fetches
+        paths = s.use(prompts, mode=mode)
+        assert not torch.equal(_last_logits(s, prompts)[1], alone[1])
+        assert not s.generate(prompts, mode=mode, max_new_tokens=3)[1].unrelated
+
+
+def test_ask_and_chat_say_when_the_gate_left_a_prompt_to_the_anchor(home: Path, bank: str) -> None:
+    res = runner.invoke(app, ["ask", UNRELATED, "--bank", bank, "--json", "--max-new-tokens", "2"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["unrelated"] and d["blocks"] == [] and d["relevance"] < d["relevance_floor"]
+    assert d["store"]["misses"] == 0  # not a block was read
+    res = runner.invoke(app, ["ask", UNRELATED, "--bank", bank, "--max-new-tokens", "2"])
+    assert res.exit_code == 0 and "unrelated to the bank" in res.output
+    args = ["ask", UNRELATED, "--bank", bank, "--json", "--min-relevance", "0", "--max-new-tokens", "2"]
+    forced = runner.invoke(app, args)
+    f = json.loads(forced.stdout)
+    assert not f["unrelated"] and len(f["blocks"]) == 2 and f["relevance_floor"] == 0.0
+    bad = runner.invoke(app, ["ask", RELATED, "--bank", bank, "--min-relevance", "3"])
+    assert bad.exit_code != 0 and "min-relevance" in bad.output and "Traceback" not in bad.output
+    with BankSession(bank, home) as s:
+        turn = Chat(s, ChatSettings(max_new_tokens=2)).turn(UNRELATED)
+        assert turn.unrelated and turn.blocks == [] and "unrelated to the bank" in describe(turn)
+        assert not Chat(s, ChatSettings(max_new_tokens=2)).turn(RELATED).unrelated
+
+
+def test_eval_gates_unrelated_text_and_says_how_much(home: Path, bank: str, tmp_path: Path) -> None:
+    doc = tmp_path / "held.txt"
+    doc.write_text(UNRELATED + ". " + UNRELATED.lower() + ".")
+    opts = ev.EvalOptions(("anchor", "generic", "fetched"))
+    with BankSession(bank, home) as s:
+        res = ev.run_eval(s, [], opts, perplexity=doc, store=False)
+        rows = {r["setup"]: r for r in res["perplexity"]["rows"]}
+        assert rows["fetched"]["perplexity"] == rows["anchor"]["perplexity"] == rows["generic"]["perplexity"]
+        assert any("relevance gate" in n and "1 of 1 perplexity documents" in n for n in res["notes"])
+        assert res["params"]["relevance_floor"] == s.relevance_floor
+    with BankSession(bank, home, min_relevance=0.0) as s:
+        res = ev.run_eval(s, [], opts, perplexity=doc, store=False)
+        rows = {r["setup"]: r for r in res["perplexity"]["rows"]}
+        assert rows["fetched"]["perplexity"] != rows["anchor"]["perplexity"]
+        assert not any("relevance gate" in n for n in res["notes"])
