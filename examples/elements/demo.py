@@ -92,6 +92,10 @@ def main() -> None:
         args = ["eval", "--bank", "elements", "--probes", str(out / "data" / probes), *setups, "--json"]
         raw = step(name, memctl + args + extra, env, times, capture=True)
         results[name] = json.loads(raw)
+    # the same unrelated documents with the relevance gate off: what the memories would do to them
+    ungated = ["eval", "--bank", "elements", "--setups", "anchor,generic,fetched", "--min-relevance", "0"]
+    ungated += ["--perplexity", str(ROOT / "examples/elements/heldout.jsonl"), "--json"]
+    results["perplexity ungated"] = json.loads(step("perplexity, gate off", memctl + ungated, env, times, capture=True))
     # privacy and serving in a few seconds each: provenance, a blocked document, RAG
     question = "The atomic number of Neon is"
     step("audit neon", memctl + ["audit", "--bank", "elements", "--doc", "neon"], env, times)
@@ -114,7 +118,14 @@ def main() -> None:
     full_res, reph = results["evaluate"], results["evaluate rephrased"]
     res = {r["setup"]: r for r in full_res["setups"]}
     res2 = {r["setup"]: r for r in reph["setups"]}
-    summary = {"evaluate": full_res, "rephrased": reph, "seconds": times, "total_seconds": total}
+    forced = results["perplexity ungated"]
+    summary = {
+        "evaluate": full_res,
+        "rephrased": reph,
+        "perplexity_ungated": forced["perplexity"],
+        "seconds": times,
+        "total_seconds": total,
+    }
     (out / "results.json").write_text(json.dumps(summary, indent=2))
 
     def pct(r: dict) -> str:
@@ -141,6 +152,16 @@ def main() -> None:
         blocked.add_row(f"{r['fraction']:g}", ", ".join(map(str, r["nodes_per_level"])), pct(r))
     console.print(blocked)
     console.print(f"report with plots: {out / 'eval-report' / 'report.md'}")
+    ppl = Table(title="perplexity of unrelated documents, vs the anchor alone")
+    for col in ("setup", "relevance gate on (default)", "gate off (--min-relevance 0)"):
+        ppl.add_column(col, justify="right")
+    on = {r["setup"]: r for r in full_res["perplexity"]["rows"]}
+    for r in forced["perplexity"]["rows"]:
+        gated, forced_ratio = on[r["setup"]]["ratio_to_anchor"], r["ratio_to_anchor"]
+        ppl.add_row(r["setup"], f"{100 * (gated - 1):+.1f}%", f"{100 * (forced_ratio - 1):+.1f}%")
+    console.print(ppl)
+    for note in full_res.get("notes", []):
+        console.print(f"note: {note}")
     steps = Table(title="time per step")
     steps.add_column("step")
     steps.add_column("seconds", justify="right")
