@@ -61,3 +61,8 @@ def test_real_anchor_end_to_end(real_home: Path, tmp_path: Path, monkeypatch: py
         ans = s.generate([prompt], mode="fetched", max_new_tokens=6)[0]
         assert ans.path is not None and len(ans.path) == 1 and ans.blocks == [f"1:{ans.path[0]}"]
         assert ans.text.strip()
+        # the relevance gate with MiniLM: a docstring is no business of this bank, the question is
+        doc = "Return a new dictionary initialized from an optional positional argument and keyword arguments."
+        gated, kept = s.generate([doc, prompt], mode="fetched", max_new_tokens=2)
+        assert gated.unrelated and gated.blocks == [] and not kept.unrelated
+        assert gated.relevance is not None and gated.relevance < s.relevance_floor < kept.relevance  # type: ignore[operator]
