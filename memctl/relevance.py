@@ -54,13 +54,19 @@ def calibrate(tree: Tree, windows: np.ndarray, share: float = RELEVANCE_SHARE) -
     return float(share * np.median(sims)) if sims.size else 0.0
 
 
-def unrelated(tree: Tree, x: np.ndarray, paths: np.ndarray, floor: float) -> np.ndarray:
-    """(B,) bool: rows the gate leaves to the anchor alone (similarity to their leaf below `floor`).
-    A floor of 0 or less gates nothing."""
+def below_floor(sims: np.ndarray, floor: float) -> np.ndarray:
+    """(B,) leaf similarities -> (B,) bool: rows the gate leaves to the anchor alone. A floor of 0 or
+    less gates nothing; NaN (no leaf) counts as unrelated."""
     if floor <= 0:
+        return np.zeros(len(sims), dtype=bool)
+    return ~(np.asarray(sims) >= floor)
+
+
+def unrelated(tree: Tree, x: np.ndarray, paths: np.ndarray, floor: float) -> np.ndarray:
+    """(B,) bool: rows the gate leaves to the anchor alone (similarity to their leaf below `floor`)."""
+    if floor <= 0:  # nothing to compare
         return np.zeros(len(paths), dtype=bool)
-    sims = leaf_similarity(tree, x, paths)
-    return ~(sims >= floor)  # NaN (no leaf) counts as unrelated
+    return below_floor(leaf_similarity(tree, x, paths), floor)
 
 
 def gate(paths: np.ndarray, off: np.ndarray) -> np.ndarray:

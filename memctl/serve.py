@@ -18,7 +18,7 @@ from .memory import Fetched
 from .placement import CPU, Placement, placement
 from .rag import Retrieved, with_context
 from .registry import block_id
-from .relevance import leaf_similarity
+from .relevance import below_floor, leaf_similarity
 from .store import DEFAULT_CACHE_MB
 from .tree import route
 
@@ -129,7 +129,7 @@ class BankSession(Memories):
             x = self.embedder.encode(list(prompts))
             paths = route(self.tree, x)
             sims = leaf_similarity(self.tree, x, paths)
-            off = self.unrelated(x, paths) if mode != "none" else None
+            off = below_floor(sims, self.relevance_floor) if mode != "none" else None
         t_route = time.perf_counter() - t0
         t1 = time.perf_counter()
         found: list[Retrieved | None] = [None] * len(prompts)
