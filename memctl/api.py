@@ -18,6 +18,7 @@ access tags obeyed), exactly as `memctl ask` reads them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -32,7 +33,7 @@ from .memory import Fetched
 from .placement import Placement
 from .rag import Retriever
 from .registry import Registry, memctl_home
-from .relevance import CALIBRATION_WINDOWS, calibrate, gate, sample_step, unrelated
+from .relevance import CALIBRATION_WINDOWS, below_floor, calibrate, gate, leaf_similarity, sample_step, unrelated
 from .store import DEFAULT_CACHE_MB, BlockStore
 from .tree import Tree, route
 
@@ -49,6 +50,21 @@ def unique_paths(paths: np.ndarray) -> np.ndarray:
             seen = (paths[:, :j, lvl] == paths[:, j, lvl][:, None]).any(1)
             own[seen, j, lvl] = -1
     return own
+
+
+@dataclass(frozen=True)
+class Routed:
+    """Contexts routed through a bank, with the relevance gate's verdict on each."""
+
+    x: np.ndarray  # (B, dim) embeddings
+    paths: np.ndarray  # (B, p) the path each row routed to (every row gets one, gated or not)
+    relevance: np.ndarray  # (B,) cosine of each row to its leaf's centroid
+    off: np.ndarray  # (B,) bool: rows the gate leaves to the anchor alone
+
+    @property
+    def gated(self) -> np.ndarray:
+        """The paths with the gated rows at -1 (they fetch nothing)."""
+        return gate(self.paths, self.off)
 
 
 class Memories:
@@ -141,6 +157,19 @@ class Memories:
         """(B,) texts -> (B, p) node index per level (no gate: every row gets a path)."""
         return route(self.tree, self.embedder.encode(list(texts)))
 
+    def route_gated(self, texts: Sequence[str], *, judge: bool = True) -> Routed:
+        """Embed and route `texts`, and ask the relevance gate about each row (`judge=False`: no
+        verdict, nothing is marked off, the floor is not calibrated: for the memory mode 'none')."""
+        texts = list(texts)
+        if texts:
+            x = self.embedder.encode(texts)
+            paths = route(self.tree, x)
+        else:
+            x, paths = np.zeros((0, self.tree.dim), np.float32), np.zeros((0, self.tree.p), np.int64)
+        sims = leaf_similarity(self.tree, x, paths)
+        off = below_floor(sims, self.relevance_floor) if judge else np.zeros(len(texts), dtype=bool)
+        return Routed(x, paths, sims, off)
+
     @property
     def relevance_floor(self) -> float:
         """The gate's floor: `min_relevance`, or calibrated on a sample of the bank's windows."""
@@ -192,10 +221,9 @@ class Memories:
         prompt."""
         off = None
         if paths is None and prompts is not None and mode != "none":
-            x = self.embedder.encode(list(prompts))
-            routed = route(self.tree, x)
-            off = self.unrelated(x, routed)
-            paths = gate(routed, off) if mode == "fetched" else None
+            r = self.route_gated(prompts)
+            off = r.off
+            paths = r.gated if mode == "fetched" else None
         batch = len(prompts) if prompts is not None else (len(paths) if paths is not None else 0)
         if batch == 0:
             raise InputError("give the prompts (or their paths) the next forward passes are about")

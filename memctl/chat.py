@@ -23,7 +23,6 @@ from .labels import LABEL_TITLES, node_label
 from .rag import with_context
 from .registry import block_id
 from .serve import BankSession
-from .tree import route
 
 ROUTE_ON = ("message", "conversation")
 
@@ -137,9 +136,9 @@ class Chat:
         routed = message
         if st.route_on == "conversation":
             routed = "\n".join([t.user for t in history] + [message])
-        x = s.embedder.encode([routed])
-        paths = route(s.tree, x)
-        off = s.unrelated(x, paths) if st.mode != "none" else None
+        r = s.route_gated([routed], judge=st.mode != "none")
+        x, paths = r.x, r.paths
+        off = r.off if st.mode != "none" else None
         t_route = time.perf_counter() - t0
         t1 = time.perf_counter()
         retrieved = None

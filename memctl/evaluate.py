@@ -37,7 +37,7 @@ from .probes import PROBE_TOKENS, Probe, file_sha256, is_correct
 from .rag import with_context
 from .relevance import gate
 from .serve import BankSession, greedy
-from .tree import best_matching, route, route_avoiding, route_beam
+from .tree import best_matching, route_avoiding, route_beam
 
 Progress = Callable[[str, int, int], None]
 SETUPS = ("anchor", "generic", "fetched", "rag", "rag+fetched", "oracle-rag", "fetched-corrupted")
@@ -141,13 +141,8 @@ def siblings(session: BankSession, leaf: int) -> list[int]:
 def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_texts: Sequence[str] = ()) -> Plan:
     opts.check()
     tree, notes = session.tree, []
-    if probes:
-        x = session.embedder.encode([p.prompt for p in probes])
-        routes = route(tree, x)
-    else:
-        x, routes = np.zeros((0, tree.dim), np.float32), np.zeros((0, tree.p), np.int64)
-    off = session.unrelated(x, routes)  # the relevance gate: these probes get the anchor alone
-    gated = gate(routes, off)
+    r = session.route_gated([p.prompt for p in probes])  # r.off: the gate leaves these to the anchor alone
+    x, routes, off, gated = r.x, r.paths, r.off, r.gated
     by_doc = doc_routes(session)
     known = np.array([p.doc in by_doc for p in probes], dtype=bool)
     setups = list(opts.setups)
@@ -231,10 +226,8 @@ def perplexity_jobs(session: BankSession, texts: Sequence[str], setups: Sequence
         return []
     tok = session.anchor.tokenizer
     size = max(2, min(PPL_CHUNK, session.cfg.window))
-    x = session.embedder.encode(list(texts))
-    routes = route(session.tree, x)
-    off = session.unrelated(x, routes)  # the relevance gate, as for probes
-    routes = gate(routes, off)
+    r = session.route_gated(texts)  # the relevance gate, as for probes
+    off, routes = r.off, r.gated
     jobs = []
     for d, text in enumerate(texts):
         ids = tok(text, add_special_tokens=False)["input_ids"]

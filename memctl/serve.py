@@ -18,9 +18,7 @@ from .memory import Fetched
 from .placement import CPU, Placement, placement
 from .rag import Retrieved, with_context
 from .registry import block_id
-from .relevance import below_floor, leaf_similarity
 from .store import DEFAULT_CACHE_MB
-from .tree import route
 
 
 @dataclass
@@ -126,10 +124,9 @@ class BankSession(Memories):
         t0 = time.perf_counter()
         x, off, sims = None, None, None
         if (mode != "none" or rag) and paths is None:  # routes given by the caller are used as they are
-            x = self.embedder.encode(list(prompts))
-            paths = route(self.tree, x)
-            sims = leaf_similarity(self.tree, x, paths)
-            off = below_floor(sims, self.relevance_floor) if mode != "none" else None
+            r = self.route_gated(prompts, judge=mode != "none")
+            x, paths, sims = r.x, r.paths, r.relevance
+            off = r.off if mode != "none" else None
         t_route = time.perf_counter() - t0
         t1 = time.perf_counter()
         found: list[Retrieved | None] = [None] * len(prompts)
