@@ -33,7 +33,7 @@ from .memory import Fetched
 from .placement import Placement
 from .rag import Retriever
 from .registry import Registry, memctl_home
-from .relevance import CALIBRATION_WINDOWS, below_floor, calibrate, gate, leaf_similarity, sample_step, unrelated
+from .relevance import below_floor, calibrate, gate, leaf_similarity, sample_ids, unrelated
 from .store import DEFAULT_CACHE_MB, BlockStore
 from .tree import Tree, route
 
@@ -91,8 +91,8 @@ class Memories:
     ) -> None:
         if cache_mb < 0:
             raise InputError("--cache-mb must be non-negative")
-        if min_relevance is not None and not -1 <= min_relevance <= 1:
-            raise InputError(f"--min-relevance is a cosine similarity in [-1, 1] (0: off), got {min_relevance}")
+        if min_relevance is not None and not 0 <= min_relevance <= 1:
+            raise InputError(f"--min-relevance is a cosine similarity floor in [0, 1] (0: off), got {min_relevance}")
         self.home = home or memctl_home()
         self.reg = Registry.open(name, self.home)
         self.cfg = self.reg.config
@@ -174,13 +174,15 @@ class Memories:
     def relevance_floor(self) -> float:
         """The gate's floor: `min_relevance`, or calibrated on a sample of the bank's windows."""
         if self._floor is None:
-            n = self.reg.count("windows")
-            sql = "select embedding from windows where id % ? = 0 order by id limit ?"
-            rows = list(self.reg.db.query(sql, [sample_step(n), CALIBRATION_WINDOWS]))
-            if not rows:  # ids too sparse for the stride: the first ones
-                first = "select embedding from windows order by id limit ?"
-                rows = list(self.reg.db.query(first, [CALIBRATION_WINDOWS]))
-            x = np.stack([np.frombuffer(r["embedding"], dtype=np.float32) for r in rows])
+            db = self.reg.db
+            lo, hi = db.execute("select min(id), max(id) from windows").fetchone()
+            # up to CALIBRATION_WINDOWS windows spread evenly over the ids, each found through the rowid
+            # (a bank whose ids have gaps, after forgetting, gets the next window after each target)
+            found: dict[int, bytes] = {}
+            for t in sample_ids(lo, hi):
+                row = db.execute("select id, embedding from windows where id >= ? order by id limit 1", [t]).fetchone()
+                found[row[0]] = row[1]
+            x = np.stack([np.frombuffer(e, dtype=np.float32) for e in found.values()])
             self._floor = calibrate(self.tree, x)
         return self._floor
 

@@ -57,7 +57,7 @@ class Turn:
     timings: dict[str, float] = field(default_factory=dict)  # route_s, retrieve_s, fetch_s, generate_s, first_token_s
     tokens: int = 0
     store: dict[str, int] = field(default_factory=dict)  # this turn's block-store hits, misses, bytes read
-    unrelated: bool = False  # the relevance gate found the routed text unrelated: no memory was fetched
+    unrelated: bool = False  # the relevance gate found the routed text unrelated: nothing fetched or retrieved
 
 
 class _Stream(TextStreamer):
@@ -136,15 +136,16 @@ class Chat:
         routed = message
         if st.route_on == "conversation":
             routed = "\n".join([t.user for t in history] + [message])
-        r = s.route_gated([routed], judge=st.mode != "none")
+        r = s.route_gated([routed], judge=st.mode != "none" or st.rag)
         x, paths = r.x, r.paths
-        off = r.off if st.mode != "none" else None
+        off = r.off if st.mode != "none" or st.rag else None
         t_route = time.perf_counter() - t0
         t1 = time.perf_counter()
         retrieved = None
         text = message
         if st.rag:
-            found = s.retriever.retrieve(s.embedder.encode([message]) if routed != message else x, paths)[0]
+            q = s.embedder.encode([message]) if routed != message else x
+            found = s.retriever.retrieve(q, r.gated)[0]  # a turn the gate left to the anchor retrieves nothing
             if found is not None:
                 retrieved = found.to_dict()
                 text = with_context(found.text, message, s.anchor.tokenizer, s.rag_budget(message, st.max_new_tokens))
@@ -218,7 +219,7 @@ def describe(turn: Turn) -> str:
     """One line about a turn: what was fetched and retrieved, and how long each stage took."""
     st = turn.settings
     if turn.unrelated:
-        what = "unrelated to the bank: anchor alone, no memory fetched"
+        what = "unrelated to the bank: anchor alone, no memory fetched" + (", nothing retrieved" if st.rag else "")
     elif st.mode == "fetched":
         nodes = " / ".join(
             f"{block_id(lvl + 1, n)} [{label}]"
@@ -227,7 +228,7 @@ def describe(turn: Turn) -> str:
         what = f"fetched {nodes}" + (f"; withheld {', '.join(turn.withheld)}" if turn.withheld else "")
     else:
         what = {"generic": "generic memory", "none": "anchor alone"}[st.mode]
-    if st.rag:
+    if st.rag and not turn.unrelated:
         r = turn.retrieved
         what += f"; RAG: {r['doc_id']} ({r['title']})" if r else "; RAG: nothing in the routed subtree"
     t, io = turn.timings, turn.store

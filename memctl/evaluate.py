@@ -35,7 +35,7 @@ from .memory import Fetched
 from .perplexity import token_losses
 from .probes import PROBE_TOKENS, Probe, file_sha256, is_correct
 from .rag import with_context
-from .relevance import gate
+from .relevance import below_floor, gate, leaf_similarity
 from .serve import BankSession, greedy
 from .tree import best_matching, route_avoiding, route_beam
 
@@ -155,7 +155,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
         notes.append(f"oracle-rag skipped: {msg}")
     retrieved: list[Any] = [None] * len(probes)
     if probes and {"rag", "rag+fetched"} & set(setups):
-        retrieved = session.retriever.retrieve(x, routes)
+        retrieved = session.retriever.retrieve(x, gated)  # a probe the gate left to the anchor retrieves nothing
         if not any(retrieved):
             notes.append("rag retrieved nothing (no window may be served)")
     tok = session.anchor.tokenizer
@@ -187,7 +187,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
                     wrong = routes[i][None].copy()
                     wrong[0, -1] = sib
                     add(s, i, p.prompt, "fetched", wrong, str(sib))
-    if opts.beam > 1:
+    if opts.beam > 1:  # the gate judges a probe on its top leaf, as for fetched
         beams = gate(route_beam(tree, x, opts.beam), off)
         for i, p in enumerate(probes):
             add(f"fetched beam={opts.beam}", i, p.prompt, "fetched", beams[i])
@@ -199,20 +199,23 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
         for i, p in enumerate(probes):
             nodes = best_matching(tree, x[i], f)
             blocked[f].append(nodes)
-            if opts.blocking == "reroute":
+            if opts.blocking == "reroute":  # as in a bank without those nodes: the gate judges the new leaf
                 path = route_avoiding(tree, x[i], set(nodes))
+                off_i = below_floor(leaf_similarity(tree, x[i : i + 1], path[None]), session.relevance_floor)
             else:
                 path = np.array([-1 if (lvl + 1, int(n)) in nodes else int(n) for lvl, n in enumerate(routes[i])])
-            add(f"fetched blocked={f:g}", i, p.prompt, "fetched", gate(path[None], off[i : i + 1]))
+                off_i = off[i : i + 1]
+            add(f"fetched blocked={f:g}", i, p.prompt, "fetched", gate(path[None], off_i))
     ppl_jobs = perplexity_jobs(session, ppl_texts, [s for s in setups if s in PPL_SETUPS])
-    if session.relevance_floor > 0 and set(setups) & {"generic", "fetched", "rag+fetched"}:
+    gated_setups = set(setups) & {"generic", "fetched", "rag", "rag+fetched"}
+    if session.relevance_floor > 0 and (gated_setups or opts.beam > 1 or any(opts.fractions)):
         ppl_off = {j.index for j in ppl_jobs if j.off}
         notes.append(
             f"relevance gate (floor {session.relevance_floor:.3f}, cosine to the routed leaf): "
             f"{int(off.sum())} of {len(probes)} probes"
             + (f" and {len(ppl_off)} of {len(ppl_texts)} perplexity documents" if ppl_jobs else "")
-            + " judged unrelated to the bank, answered by the anchor alone in every memory setup "
-            "(--min-relevance 0 turns the gate off)"
+            + " judged unrelated to the bank, answered by the anchor alone (no memory, nothing retrieved) "
+            "in every setup but fetched-corrupted, anchor and oracle-rag (--min-relevance 0 turns the gate off)"
         )
     agree = agreement(routes, [p.doc for p in probes], by_doc)
     info = [r.to_dict() if r else None for r in retrieved]
@@ -330,8 +333,9 @@ def run_eval(
         perplexity=str(perplexity) if perplexity else None,
         perplexity_sha256=file_sha256(perplexity) if perplexity and Path(perplexity).is_file() else None,
         probe_tokens=PROBE_TOKENS,
-        relevance_floor=session.relevance_floor,  # another gate answers differently: a new run
     )
+    if session.relevance_floor > 0:  # another gate answers differently: a new run (gate off: as before it)
+        params["relevance_floor"] = session.relevance_floor
     runs = EvalRuns(session.reg) if store else None
     opened = runs.open(str(probes_path or ""), params, fresh) if runs else None
     done = opened.done if opened else {}

@@ -7,19 +7,18 @@ trained to answer questions about their cluster, change how the anchor reads the
 memories, against a 2% bar). Preservation training narrows that; it cannot close it at every scale.
 
 The gate asks the embedder first. A context whose cosine similarity to the centroid of the leaf
-it routed to is below the bank's floor fetches nothing: the anchor answers alone, exactly as without
-memories. The floor is calibrated per bank from its own windows, so it follows the embedder:
-`RELEVANCE_SHARE` times the median similarity of the bank's windows to their own leaves (on the
-elements bank with MiniLM, 0.3 x 0.756 = 0.227; its 384 probe questions lie at 0.33 and above,
-the 27 unrelated docstrings and some small talk at 0.16 and below). `min_relevance` overrides it;
+it routed to is below the bank's floor fetches nothing and retrieves nothing (RAG): the anchor
+answers alone, exactly as without memories. The floor is calibrated per bank from its own windows,
+so it follows the embedder: `RELEVANCE_SHARE` times the median similarity of the bank's windows to
+their own leaves (on the elements bank with MiniLM, 0.3 x 0.756 = 0.227; its 384 probe questions
+lie at 0.33 and above, the 27 unrelated docstrings and some small talk at 0.16 and below). `min_relevance` overrides it;
 0 turns the gate off.
 
-Pure numeric code over the tree's centroids; the registry read is `floor_from_windows`.
+Pure numeric code over the tree's centroids; the registry read that samples the windows is
+`memctl.api.Memories.relevance_floor`.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -76,6 +75,8 @@ def gate(paths: np.ndarray, off: np.ndarray) -> np.ndarray:
     return out
 
 
-def sample_step(count: int, limit: int = CALIBRATION_WINDOWS) -> int:
-    """Every how many window ids to take so that about `limit` of `count` are sampled."""
-    return max(1, math.ceil(count / max(1, limit)))
+def sample_ids(lo: int, hi: int, limit: int = CALIBRATION_WINDOWS) -> list[int]:
+    """Up to `limit` ids spread evenly over [lo, hi] (every id when there are no more than `limit`)."""
+    if hi - lo + 1 <= limit:
+        return list(range(lo, hi + 1))
+    return sorted({int(v) for v in np.linspace(lo, hi, limit).round()})

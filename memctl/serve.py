@@ -18,6 +18,7 @@ from .memory import Fetched
 from .placement import CPU, Placement, placement
 from .rag import Retrieved, with_context
 from .registry import block_id
+from .relevance import gate
 from .store import DEFAULT_CACHE_MB
 
 
@@ -32,7 +33,7 @@ class Answer:
     timings: dict[str, float] = field(default_factory=dict)
     retrieved: dict[str, Any] | None = None  # RAG: the window put in the prompt (id, document, title, score)
     relevance: float | None = None  # cosine of the prompt to its routed leaf (memctl.relevance)
-    unrelated: bool = False  # below the bank's relevance floor: no memory was fetched, the anchor answered
+    unrelated: bool = False  # below the bank's relevance floor: nothing fetched or retrieved, the anchor answered
 
 
 @torch.no_grad()
@@ -118,15 +119,16 @@ class BankSession(Memories):
         rag: bool = False,
     ) -> list[Answer]:
         """Greedy answers for a batch; every row fetches the blocks of its own route. With `rag`, each
-        row also gets the nearest window of its routed leaf in its prompt (any memory mode)."""
+        row also gets the nearest window of its routed leaf in its prompt (any memory mode). A row the
+        relevance gate finds unrelated to the bank gets neither: the anchor answers its bare prompt.
+        Routes given by the caller (`paths`) are used as they are, without the gate."""
         if not prompts:
             return []
         t0 = time.perf_counter()
         x, off, sims = None, None, None
-        if (mode != "none" or rag) and paths is None:  # routes given by the caller are used as they are
-            r = self.route_gated(prompts, judge=mode != "none")
-            x, paths, sims = r.x, r.paths, r.relevance
-            off = r.off if mode != "none" else None
+        if (mode != "none" or rag) and paths is None:
+            r = self.route_gated(prompts)
+            x, paths, sims, off = r.x, r.paths, r.relevance, r.off
         t_route = time.perf_counter() - t0
         t1 = time.perf_counter()
         found: list[Retrieved | None] = [None] * len(prompts)
@@ -135,7 +137,7 @@ class BankSession(Memories):
             assert paths is not None
             if x is None:
                 x = self.embedder.encode(list(prompts))
-            found = self.retriever.retrieve(x, paths)
+            found = self.retriever.retrieve(x, gate(paths, off) if off is not None else paths)  # gated: nothing
             texts = [with_context(r.text, p, self.anchor.tokenizer, self.rag_budget(p, max_new_tokens)) if r else p
                      for p, r in zip(prompts, found, strict=True)]  # fmt: skip
         t_retrieve = time.perf_counter() - t1

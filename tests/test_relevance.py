@@ -132,3 +132,68 @@ def test_eval_gates_unrelated_text_and_says_how_much(home: Path, bank: str, tmp_
         rows = {r["setup"]: r for r in res["perplexity"]["rows"]}
         assert rows["fetched"]["perplexity"] != rows["anchor"]["perplexity"]
         assert not any("relevance gate" in n for n in res["notes"])
+
+
+def test_eval_leaves_a_gated_probe_to_the_anchor_in_every_setup_but_the_diagnostic(home: Path, bank: str) -> None:
+    """An unrelated probe next to a related one: in generic, fetched, rag, rag+fetched, beam and
+    blocked setups the unrelated one fetches and retrieves nothing and answers as the anchor does;
+    fetched-corrupted (the wrong leaf's blocks, a diagnostic about parameters) stays ungated."""
+    from memctl.probes import Probe
+
+    probes = [Probe("", "k", RELATED, ("red",)), Probe("", "k", UNRELATED, ("x",))]
+    setups = ("anchor", "generic", "fetched", "rag", "rag+fetched", "fetched-corrupted")
+    opts = ev.EvalOptions(setups, beam=2, fractions=(0.0, 0.5), blocking="reroute")
+    with BankSession(bank, home) as s:
+        plan = ev.plan_eval(s, probes, opts)
+        assert plan.retrieved[1] is None and plan.retrieved[0] is not None
+        assert any("relevance gate" in n and "1 of 2 probes" in n and "fetched-corrupted" in n for n in plan.notes)
+        by = {(j.group, j.index): j for j in plan.jobs if j.group != "fetched-corrupted"}
+        for group in ("fetched", "rag+fetched", "fetched beam=2", "fetched blocked=0.5"):
+            unrel, rel = by[(group, 1)], by[(group, 0)]
+            assert unrel.paths is not None and (unrel.paths == -1).all(), group
+            if group != "fetched blocked=0.5":  # (rerouted: judged on its new leaf, which may be far)
+                assert rel.paths is not None and (rel.paths >= 0).any(), group
+        assert by[("generic", 1)].off and not by[("generic", 0)].off
+        assert by[("rag", 1)].prompt == UNRELATED and by[("rag", 0)].prompt != RELATED  # retrieved context
+        corrupted = [j for j in plan.jobs if j.group == "fetched-corrupted" and j.index == 1]
+        assert corrupted and all((j.paths >= 0).all() for j in corrupted)  # never gated
+        res = ev.run_jobs(s, plan, 4, {})
+        answer = {(j.group, j.index): res[j.item].answer for j in plan.jobs if j.group != "fetched-corrupted"}
+        for group in ("generic", "fetched", "rag", "rag+fetched", "fetched beam=2", "fetched blocked=0.5"):
+            assert answer[(group, 1)] == answer[("anchor", 1)], group
+    with BankSession(bank, home, min_relevance=0.0) as s:  # the gate off: the same probe fetches and retrieves
+        plan = ev.plan_eval(s, probes, opts)
+        assert plan.retrieved[1] is not None
+        assert all((j.paths >= 0).any() for j in plan.jobs if j.index == 1 and j.paths is not None)
+        assert not any("relevance gate" in n for n in plan.notes)
+
+
+def test_rag_retrieves_nothing_for_a_prompt_the_gate_left_to_the_anchor(home: Path, bank: str) -> None:
+    with BankSession(bank, home) as s:
+        for mode in ("none", "fetched"):
+            rel, unrel = s.generate([RELATED, UNRELATED], mode=mode, max_new_tokens=2, rag=True)
+            assert rel.retrieved is not None and not rel.unrelated
+            assert unrel.retrieved is None and unrel.unrelated and unrel.blocks == []
+            assert unrel.text == s.generate([UNRELATED], mode="none", max_new_tokens=2)[0].text
+        turn = Chat(s, ChatSettings(max_new_tokens=2, rag=True)).turn(UNRELATED)
+        assert turn.unrelated and turn.retrieved is None and "nothing retrieved" in describe(turn)
+    res = runner.invoke(app, ["ask", UNRELATED, "--bank", bank, "--rag", "--max-new-tokens", "2"])
+    assert res.exit_code == 0 and "nothing retrieved" in res.output
+    bad = runner.invoke(app, ["ask", RELATED, "--bank", bank, "--min-relevance", "-0.1"])
+    assert bad.exit_code != 0 and "[0, 1]" in bad.output and "Traceback" not in bad.output
+
+
+def test_calibration_samples_ids_evenly_and_survives_gaps(home: Path, bank: str) -> None:
+    from memctl.relevance import sample_ids
+
+    assert sample_ids(3, 7) == [3, 4, 5, 6, 7]
+    ids = sample_ids(1, 100_000, limit=100)
+    assert len(ids) == 100 and ids[0] == 1 and ids[-1] == 100_000
+    assert max(np.diff(ids)) - min(np.diff(ids)) <= 1  # evenly spread
+    with Memories(bank, home) as mem:
+        floor = mem.relevance_floor
+        docs = [r["doc_id"] for r in mem.reg.db.query("select doc_id from windows group by doc_id order by min(id)")]
+        mem.reg.remove_documents(docs[1::2])  # gaps in the window ids, as forgetting leaves them
+        _, x = mem.reg.embeddings()
+        mem._floor = None
+        assert mem.relevance_floor == pytest.approx(calibrate(mem.tree, x)) and floor > 0

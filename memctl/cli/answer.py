@@ -45,7 +45,8 @@ def ask(
     as_json: JsonOpt = False,
 ) -> None:
     """Answer with the memory blocks the prompt routes to (only those are read). A prompt unrelated
-    to the bank (below its relevance floor) fetches none: the anchor answers alone."""
+    to the bank (below its relevance floor) fetches none and, with --rag, retrieves nothing: the
+    anchor answers alone."""
     from ..privacy import parse_tags
     from ..serve import ask as do_ask
 
@@ -70,7 +71,7 @@ def ask(
     if d["unrelated"]:
         where = (
             f"unrelated to the bank (relevance {d['relevance']:.2f} < floor {d['relevance_floor']:.2f}): "
-            "anchor alone, no memory fetched"
+            "anchor alone, no memory fetched" + (", nothing retrieved" if rag else "")
         )
     elif where is None:
         served = ", ".join(d["blocks"]) or ("none served" if d["withheld"] else "none trained")
@@ -78,7 +79,7 @@ def ask(
         if d["withheld"]:
             where += f" (withheld: {', '.join(d['withheld'])})"
     r = d["retrieved"]
-    if rag:
+    if rag and not d["unrelated"]:
         where += (
             f"; retrieved {r['doc_id']} ({r['title']}), window {r['window_id']}, score {r['score']:.2f}, "
             f"from node {r['node']}" + (f" (widened {r['widened']} level(s))" if r["widened"] else "")

@@ -36,8 +36,8 @@ CacheMbOpt = Annotated[float, typer.Option(help="Byte budget of loaded blocks (M
 MinRelevanceOpt = Annotated[
     float | None,
     typer.Option(
-        help="Relevance gate: a context whose cosine to its routed leaf is below this fetches no memory "
-        "(default: calibrated per bank, 0.3 x its windows' median; 0 turns the gate off).",
+        help="Relevance gate: a context whose cosine to its routed leaf is below this (0 to 1) fetches no "
+        "memory and retrieves nothing (default: calibrated per bank, 0.3 x its windows' median; 0 turns the gate off).",
     ),
 ]
 Int8Opt = Annotated[
