@@ -108,9 +108,11 @@ def main() -> None:
             started["calls"] += 1  # counted before the call: a call cut off makes the row "resumed"
             save()
             t = time.perf_counter()
-            memctl(env, "train", "--bank", bank, "--objective", objective, "--epochs", epochs, "--json",
-                   *([] if resume else ["--retrain"]))  # fmt: skip
+            out_json = json.loads(memctl(env, "train", "--bank", bank, "--objective", objective, "--epochs", epochs,
+                                    "--json", *([] if resume else ["--retrain"])))  # fmt: skip
             started["seconds"] += time.perf_counter() - t
+            early = [u["unit"] for u in out_json["units"] if u.get("stopped_early")]
+            started["stopped_early"] = sorted(set(started.get("stopped_early", [])) | set(early))
             started["trained"] = True
             save()
         tokens, unit_seconds = unit_runs(home, bank)
@@ -125,10 +127,12 @@ def main() -> None:
             "resumed": started["calls"] > 1,
             "tokens": tokens,
             "epochs": int(epochs),
+            "stopped_early": started.get("stopped_early", []),  # units held-out early stopping ended
             **{n: res[n]["fetched"] for n in probe_sets},
         }
         save()
-        console.print(f"{objective}: {started['seconds']:.0f}s, {tokens:,} tokens")
+        stopped = ", ".join(started.get("stopped_early", [])) or "none"
+        console.print(f"{objective}: {started['seconds']:.0f}s, {tokens:,} tokens; units stopped early: {stopped}")
     ceiling = {n: rows["oracle-rag"][n]["accuracy"] for n in probe_sets}
     table = Table(title="elements: fetched-memory probe accuracy by training objective")
     for col in (
