@@ -63,6 +63,10 @@ def test_floor_is_calibrated_on_the_banks_windows(home: Path, bank: str) -> None
         assert 0 < mem.relevance_floor < float(sims.min())  # every window of the bank passes its own gate
         off = mem.unrelated(mem.embedder.encode([RELATED, UNRELATED]), mem.route([RELATED, UNRELATED]))
         assert off.tolist() == [False, True]
+        r = mem.route_gated([RELATED, UNRELATED])  # the verdict without fetching
+        assert r.off.tolist() == [False, True] and r.relevance[1] < mem.relevance_floor <= r.relevance[0]
+        assert (r.gated[1] == -1).all() and (r.gated[0] == r.paths[0]).all() and (r.paths >= 0).all()
+        assert mem.route_gated([]).paths.shape == (0, mem.tree.p)
     assert Memories(bank, home, min_relevance=0.5).relevance_floor == 0.5
     with pytest.raises(Exception, match="min-relevance"):
         Memories(bank, home, min_relevance=2.0)
