@@ -136,9 +136,8 @@ class Chat:
         routed = message
         if st.route_on == "conversation":
             routed = "\n".join([t.user for t in history] + [message])
-        r = s.route_gated([routed], judge=st.mode != "none" or st.rag)
-        x, paths = r.x, r.paths
-        off = r.off if st.mode != "none" or st.rag else None
+        r = s.route_gated([routed], judge=st.mode != "none" or st.rag)  # unjudged: nothing marked off
+        x, paths, off = r.x, r.paths, r.off
         t_route = time.perf_counter() - t0
         t1 = time.perf_counter()
         retrieved = None

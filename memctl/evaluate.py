@@ -35,7 +35,7 @@ from .memory import Fetched
 from .perplexity import token_losses
 from .probes import PROBE_TOKENS, Probe, file_sha256, is_correct
 from .rag import with_context
-from .relevance import below_floor, gate, leaf_similarity
+from .relevance import gate
 from .serve import BankSession, greedy
 from .tree import best_matching, route_avoiding, route_beam
 
@@ -201,7 +201,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
             blocked[f].append(nodes)
             if opts.blocking == "reroute":  # as in a bank without those nodes: the gate judges the new leaf
                 path = route_avoiding(tree, x[i], set(nodes))
-                off_i = below_floor(leaf_similarity(tree, x[i : i + 1], path[None]), session.relevance_floor)
+                off_i = session.unrelated(x[i : i + 1], path[None])
             else:
                 path = np.array([-1 if (lvl + 1, int(n)) in nodes else int(n) for lvl, n in enumerate(routes[i])])
                 off_i = off[i : i + 1]
