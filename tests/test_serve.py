@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -258,3 +260,21 @@ def test_ask_int8_json(home: Path, bank: Registry) -> None:
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert d["int8"] is True and d["blocks"] and d["store"]["misses"] >= 1
+
+
+def test_int8_packing_lets_no_deprecation_warning_through() -> None:
+    """Torch warns once per process that quantized tensors are deprecated; pack_int8 silences it for
+    its whole pool of packers. It used to silence it inside each worker, and catch_warnings is not
+    thread-safe: one worker's exit could restore the filters while another warned, and the warning
+    reached `ask --int8`'s stderr. A fresh process, so the once-per-process warning is still due."""
+    code = (
+        "import torch, warnings\n"
+        "from memctl.memory import pack_int8\n"
+        "warnings.simplefilter('error')\n"
+        "b = [{p: torch.randn(8, 64, 96) for p in ('gate', 'up', 'down')} for _ in range(2)]\n"
+        "packed = pack_int8(b)\n"
+        "assert len(packed) == 8 and packed[0][2] == 128\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "deprecated" not in proc.stderr
