@@ -16,7 +16,7 @@ whose budget is counted in bytes, and never serves a block that is blocked or ou
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
@@ -108,7 +108,7 @@ class BlockStore:
             if row is None or row["sha256"] != self._cache[key][0]:
                 del self._cache[key]
         self._drop_packs()
-        self._version = self.reg.version()
+        self._version = version  # read before the rows: a commit made meanwhile is seen by the next look
 
     def has(self, level: int, idx: int) -> bool:
         """Whether a trained block may be served (no read, no stats)."""
@@ -141,14 +141,15 @@ class BlockStore:
     def cached(self) -> list[str]:
         return [block_id(*key) for key in self._cache]
 
-    def _evict(self, keep: Key) -> None:
+    def _evict(self, keep: Collection[Key]) -> None:
         """Drop unpinned blocks, least recently used first, while over budget; `keep` (the block just
-        read) stays even then, so pins that fill the budget never turn every fetch into a read."""
+        read, or the blocks of the path just packed) stays even then, so pins that fill the budget
+        never turn every fetch into a read."""
         total = self.cached_bytes
         for key in list(self._cache):  # least recently used first
             if total <= self.cache_bytes:
                 break
-            if self.pinned(key) or key == keep:
+            if self.pinned(key) or key in keep:
                 continue
             total -= self._cache.pop(key)[2]
             total -= self._drop_packs()
@@ -179,7 +180,7 @@ class BlockStore:
         self.stats.misses += 1
         self.stats.bytes_read += block_bytes(raw)
         self._cache[key] = (row["sha256"], block, n)
-        self._evict(keep=key)
+        self._evict(keep={key})
         return block
 
     # ---- what a forward pass uses ----------------------------------------------------------------
@@ -193,6 +194,7 @@ class BlockStore:
         (api.unique_paths), so each block is fetched once. With int8, each row's blocks, all its
         paths together, are packed once (memory.pack_int8)."""
         got: dict[Key, dict[str, torch.Tensor]] = {}
+        shas: dict[Key, str] = {}  # the file each block was served from (the registry may move on mid-fetch)
         flat = paths.reshape(-1, paths.shape[2]).tolist()
         read = self.read_ahead((lvl + 1, n) for path in flat for lvl, n in enumerate(path) if n >= 0)
 
@@ -200,6 +202,7 @@ class BlockStore:
             block = self.get(level, node, read)
             if block is not None:
                 got[(level, node)] = block
+                shas[(level, node)] = self._cache[(level, node)][0]  # get() leaves the block it served cached
             return block
 
         levels = [lv for j in range(paths.shape[1]) for lv in assemble(paths[:, j], lookup).levels]
@@ -212,7 +215,7 @@ class BlockStore:
                 (lvl + 1, n) for path in row for lvl, n in enumerate(path) if _has_neurons(got.get((lvl + 1, n)))
             )
             rows.setdefault(keys, []).append(i)
-        fetched.packed = [(torch.tensor(r), self._pack(keys, got)) for keys, r in rows.items() if keys]
+        fetched.packed = [(torch.tensor(r), self._pack(keys, got, shas)) for keys, r in rows.items() if keys]
         return fetched
 
     def read_ahead(self, keys: Iterable[Key]) -> dict[Key, tuple[str, dict[str, torch.Tensor]]]:
@@ -238,19 +241,24 @@ class BlockStore:
         index = [0 if off is None or not off[i] else -1 for i in range(batch)]
         fetched = Fetched(levels=[_level([block], index)], batch=batch)
         if self.int8 and _has_neurons(block):
-            fetched.packed = [(torch.tensor(rows), self._pack(((0, 0),), {(0, 0): block}))]
+            key = (0, 0)
+            fetched.packed = [(torch.tensor(rows), self._pack((key,), {key: block}, {key: self._cache[key][0]}))]
         return fetched
 
-    def _pack(self, keys: tuple[Key, ...], blocks: dict[Key, dict[str, torch.Tensor]]) -> Packed:
-        """The int8 pack of one path's blocks, made once and kept while they stay cached."""
-        path = tuple((key, self._rows[key]["sha256"]) for key in keys)
+    def _pack(self, keys: tuple[Key, ...], blocks: dict[Key, dict[str, torch.Tensor]], shas: dict[Key, str]) -> Packed:
+        """The int8 pack of one path's blocks, each under the sha256 of the file it was served from
+        (not the registry's latest: another process may have committed mid-fetch). Kept only while
+        all of them stay cached under those files; the budget counts it."""
+        path = tuple((key, shas[key]) for key in keys)
         if path in self._packs:
             self._packs.move_to_end(path)
             return self._packs[path][0]
         packed = pack_int8([blocks[key] for key in keys])
-        self._packs[path] = (packed, packed_bytes(packed))
-        while len(self._packs) > PATH_PACKS:
-            self._packs.popitem(last=False)
+        if all(key in self._cache and self._cache[key][0] == sha for key, sha in path):
+            self._packs[path] = (packed, packed_bytes(packed))
+            while len(self._packs) > PATH_PACKS:
+                self._packs.popitem(last=False)
+            self._evict(keep=set(keys))  # the pack's bytes count: over budget, older blocks make room
         return packed
 
 

@@ -115,6 +115,30 @@ def test_a_block_read_ahead_and_then_replaced_is_not_served_stale(home: Path, ba
             assert not torch.equal(served["down"], old[key])
 
 
+def test_a_commit_made_while_the_store_reads_the_registry_is_seen_by_its_next_look(
+    home: Path, bank: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store notes the registry's version from before it read the block table: a block blocked by
+    another process between that read and the end of the refresh is withheld at the next request
+    (it used to note the version from after, and serve the block until some later commit)."""
+    store = BlockStore(Registry.open("p", home))
+    leaf = next((2, r["idx"]) for r in bank.blocks("level = 2 and file is not null"))
+    other = Registry.open("p", home)  # another connection, as another process would have
+    read_rows = store.reg.blocks
+
+    def rows_then_commit(*args: object, **kwargs: object) -> list[dict]:
+        rows = read_rows(*args, **kwargs)
+        with other.db.atomic():
+            other.db.execute("update blocks set blocked = 1 where level = ? and idx = ?", list(leaf))
+        monkeypatch.setattr(store.reg, "blocks", read_rows)  # once
+        return rows
+
+    monkeypatch.setattr(store.reg, "blocks", rows_then_commit)
+    store.refresh(force=True)
+    assert store.get(*leaf) is None
+    assert store.withheld(*leaf) and store.stats.withheld == 1 and store.stats.misses == 0
+
+
 def test_cache_respects_its_byte_budget_and_pins_shallow_levels(home: Path, bank: Registry) -> None:
     leaves = [(2, r["idx"]) for r in bank.blocks("level = 2 and file is not null")]
     l1 = [(1, r["idx"]) for r in bank.blocks("level = 1 and file is not null")]

@@ -18,10 +18,12 @@ from memctl import Memories
 from memctl.bank import ingest
 from memctl.chat import Chat, ChatSettings
 from memctl.cli import app
+from memctl.memory import memory_delta
 from memctl.privacy import set_blocked
 from memctl.rag import Retriever
-from memctl.registry import Registry
+from memctl.registry import Registry, block_id
 from memctl.serve import BankSession
+from memctl.store import BlockStore, block_bytes
 from memctl.train import train
 
 runner = CliRunner()
@@ -253,6 +255,57 @@ def test_int8_packs_never_serve_a_blocked_block(home: Path, bank: Registry) -> N
         assert f.packed is not None
         assert not any(key == level1 for path in s.store._packs for key, _sha in path)
         assert all(lv.gate.shape[0] == 1 for lv in f.levels) and len(f.levels) == 1  # the leaf alone
+
+
+def test_int8_pack_of_a_block_replaced_mid_fetch_is_not_kept(
+    home: Path, bank: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process retrains a level-1 block after this fetch read it and before it read the leaf:
+    this fetch may serve what it read, but its pack must not be kept under the new file's sha256
+    (it was, and every later fetch of the path served the old weights through it)."""
+    with BankSession("s", home, int8=True) as s:
+        paths = s.route(QUERIES[:1])
+        level1 = (1, int(paths[0, 0]))
+        served = s.store.get
+        retrained: list[bool] = []
+
+        def get_then_retrain(level: int, idx: int, read: dict | None = None) -> dict | None:
+            block = served(level, idx, read)
+            if (level, idx) == level1 and not retrained:
+                retrained.append(True)
+                train("s", {"epochs": 1, "batch_size": 2, "objective": "mix", "seed": 7}, subtree=idx, retrain=True,
+                      home=home)  # fmt: skip
+            return block
+
+        monkeypatch.setattr(s.store, "get", get_then_retrain)
+        s.store.fetch_paths(paths)
+        monkeypatch.undo()
+        assert retrained
+        later = s.store.fetch_paths(paths)
+        fresh = BlockStore(Registry.open("s", home), int8=True).fetch_paths(paths)
+        x = torch.randn(1, 3, s.anchor.hidden, generator=torch.Generator().manual_seed(0))
+        act = torch.nn.functional.silu
+        for slot in range(len(s.reg.config.memory.layers)):
+            assert torch.equal(memory_delta(x, later, slot, act), memory_delta(x, fresh, slot, act))
+
+
+def test_int8_packs_count_against_the_byte_budget(home: Path, bank: Registry) -> None:
+    """A new pack that takes the cache over its budget makes older, unpinned blocks leave (and the
+    packs that used them): a fetch whose blocks were all cached used to leave the cache over budget."""
+    with BankSession("s", home, int8=True) as s:
+        paths = s.route(QUERIES)
+        a, b = next((p, q) for p in paths for q in paths if p[1] != q[1])
+        probe = BlockStore(s.reg, int8=True)
+        probe.fetch_paths(a[None])
+        pack = next(n for _packed, n in probe._packs.values())
+        blocks = {(lvl + 1, int(n)): probe.get(lvl + 1, int(n)) for p in (a, b) for lvl, n in enumerate(p)}
+        budget = sum(block_bytes(blk) for blk in blocks.values() if blk is not None) + pack  # room for one pack
+        store = BlockStore(s.reg, cache_bytes=budget, int8=True)
+        store.fetch_paths(a[None])
+        store.fetch_paths(b[None])  # reads b's leaf within budget, then b's pack is one pack too many
+        assert store.cached_bytes <= budget
+        assert block_id(2, int(b[1])) in store.cached() and block_id(2, int(a[1])) not in store.cached()
+        assert len(store._packs) == 1 and store.stats.evictions == 1
 
 
 def test_ask_int8_json(home: Path, bank: Registry) -> None:
