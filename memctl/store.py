@@ -134,9 +134,13 @@ class BlockStore:
         the bytes freed."""
         freed = 0
         for path in list(self._packs):
-            if any(key not in self._cache or self._cache[key][0] != sha for key, sha in path):
+            if not self._still_cached(path):
                 freed += self._packs.pop(path)[1]
         return freed
+
+    def _still_cached(self, path: tuple[tuple[Key, str], ...]) -> bool:
+        """Whether every block of a pack's path is cached under the file (sha256) it was packed from."""
+        return all(key in self._cache and self._cache[key][0] == sha for key, sha in path)
 
     def cached(self) -> list[str]:
         return [block_id(*key) for key in self._cache]
@@ -254,7 +258,7 @@ class BlockStore:
             self._packs.move_to_end(path)
             return self._packs[path][0]
         packed = pack_int8([blocks[key] for key in keys])
-        if all(key in self._cache and self._cache[key][0] == sha for key, sha in path):
+        if self._still_cached(path):
             self._packs[path] = (packed, packed_bytes(packed))
             while len(self._packs) > PATH_PACKS:
                 self._packs.popitem(last=False)
