@@ -84,6 +84,11 @@ def _quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     warnings.filterwarnings("ignore", module="transformers")
+    # transformers' deprecation notices are raised from inside torch's Module.__call__, so the filter on
+    # module="transformers" misses them (e.g. "`past_key_values` is deprecated ... Use `cache` instead")
+    warnings.filterwarnings(
+        "ignore", message=r"[\s\S]*is deprecated and will be removed in version", category=FutureWarning
+    )
 
 
 @contextlib.contextmanager

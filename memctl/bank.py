@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .anchor import Anchor, load_anchor, neuron_std, resolve_anchor
+from .checkpoint import LEGACY_GLOB, drop_checkpoints, pending_checkpoints
 from .config import BankConfig, MemoryConfig, TreeConfig, default_ranks, default_tree, parse_layers
 from .corpus import Document, iter_documents, read_documents
 from .embed import get_embedder
@@ -151,8 +152,8 @@ def ingest(
             res = stream_ingest(reg, docs_iter, config=reg.config, **opts)
         created = False
         if res.reclustered:  # only once the new tree is committed
-            for ckpt in reg.checkpoint_dir().glob("unit-*.pt"):
-                ckpt.unlink()
+            drop_checkpoints(reg.checkpoint_dir())
+        reg.close()
     else:
         layers = memory_layers or "all"
 
@@ -172,6 +173,7 @@ def ingest(
         with Registry.create(name, provisional, anchor_row, home) as new, new.db.atomic():
             res = stream_ingest(new, docs_iter, finalize=config_for, **opts)
             _create_blocks(new, res.config)
+        new.close()
         created = True
     return IngestResult(
         name,
@@ -207,6 +209,7 @@ def _add_references(reg: Registry, docs: list[Document]) -> IngestResult:
     with reg.db.atomic():
         reg.db["reference_docs"].insert_all(rows)
     tree = reg.config.tree
+    reg.close()
     return IngestResult(
         reg.name, False, 0, len(docs) - len(rows), 0, (tree.k, tree.p), False, references_added=len(rows)
     )
@@ -313,7 +316,25 @@ def info(name: str, home: Path | None = None, allow: frozenset[str] | None = Non
         "tags": _tag_counts(reg),
         "references": reg.count("reference_docs"),
         "forget_reports": reg.count("forget_reports"),
+        "coverage": coverage_report(reg, runs),
     }
+
+
+def coverage_report(reg: Registry, runs: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """Coverage (memctl.coverage) by the prompts the last finished run trained on; None before prompts."""
+    if runs is None:
+        runs = [dict(r) for r in reg.db.query("select status, config from runs order by id")]
+    from .config import train_config_from_json
+    from .coverage import bank_coverage
+
+    if not reg.db.execute("select 1 from prompts limit 1").fetchone():
+        return None
+    done = [r for r in runs if r.get("status") == "done" and r.get("config")]
+    tcfg = train_config_from_json(done[-1]["config"]) if done else None
+    if tcfg is not None and tcfg.objective == "lm":
+        return {"objective": "lm"}  # next-token training learns every window itself: nothing to cover
+    cov = bank_coverage(reg, questions=bool(tcfg and tcfg.questions), study=bool(tcfg and tcfg.study))
+    return cov.to_dict()
 
 
 def _tag_counts(reg: Registry) -> dict[str, int]:
@@ -329,7 +350,9 @@ def training_state(reg: Registry) -> str:
         r["state"]: r["n"]
         for r in reg.db.query("select state, count(*) as n from blocks where state != 'init' group by state")
     }
-    ckpts = list(reg.checkpoint_dir().glob("*.pt"))
+    if list(reg.checkpoint_dir().glob(LEGACY_GLOB)):
+        return "interrupted by an older memctl; run `memctl train --restart` (its checkpoints are not loaded)"
+    ckpts = pending_checkpoints(reg.checkpoint_dir())
     if ckpts:
         return f"interrupted ({len(ckpts)} unit checkpoint(s)); run `memctl train` to resume"
     if not states:

@@ -18,6 +18,7 @@ from .config import TrainConfig
 from .distill import QUESTION, kd_loss
 from .prefix import CACHE_BYTES, logits_at, prefix_states, suffix_matches
 from .registry import Registry
+from .study import STUDY
 from .units import GENERIC
 
 
@@ -61,14 +62,21 @@ def _teacher(row: dict[str, Any], n_pos: int) -> tuple[torch.Tensor, torch.Tenso
     return torch.from_numpy(idx), torch.from_numpy(logp)
 
 
-def prompt_samples(reg: Registry, unit: str, questions: bool = False) -> list[Sample]:
+def _left_out(questions: bool, study: bool) -> str:
+    """SQL condition on `p.kind` leaving out the kinds a run does not train on."""
+    kinds = ([] if questions else [QUESTION]) + ([] if study else [STUDY])
+    return "".join(f" and p.kind != '{k}'" for k in kinds)
+
+
+def prompt_samples(reg: Registry, unit: str, questions: bool = False, study: bool = False) -> list[Sample]:
     """Trained (not held-out) prompts of a unit: on the prompt's own route when it lies in the unit,
     and on its window's route when that lies in the unit and differs (both paths are trained).
-    Anchor-written questions (memctl.questions) only with `questions`."""
+    Anchor-written questions (memctl.questions) only with `questions`, self-study continuations
+    (memctl.study) only with `study`."""
     sql = (
         "select p.id, p.doc_id, p.ids, p.n_prompt, p.topk_idx, p.topk_logp, p.path, w.path as wpath "
         "from prompts p join windows w on w.id = p.window_id where p.held_out = 0 and p.topk_idx is not null"
-        + ("" if questions else f" and p.kind != '{QUESTION}'")
+        + _left_out(questions, study)
     )
     out = []
     for r in reg.db.query(sql + " order by p.id"):
@@ -113,7 +121,7 @@ def preserve_samples(
 
 
 def load_samples(
-    reg: Registry, anchor: Anchor, unit: str, objective: str = "lm", questions: bool = False
+    reg: Registry, anchor: Anchor, unit: str, objective: str = "lm", questions: bool = False, study: bool = False
 ) -> list[Sample]:
     """The unit's samples for an objective: lm = windows, distill = prompts, mix = both. Under
     distill, a window that yields no prompt (nothing salient to ask about) is learned next-token.
@@ -122,10 +130,10 @@ def load_samples(
         return window_samples(reg, anchor, unit)
     windows = window_samples(reg, anchor, unit)
     if objective == "distill":
-        sql = "select distinct window_id from prompts" + ("" if questions else f" where kind != '{QUESTION}'")
+        sql = "select distinct window_id from prompts p where 1 = 1" + _left_out(questions, study)
         prompted = {f"w{r['window_id']}" for r in reg.db.query(sql)}
         windows = [w for w in windows if w.key not in prompted]
-    return windows + prompt_samples(reg, unit, questions)
+    return windows + prompt_samples(reg, unit, questions, study)
 
 
 def _unit_seed(seed: int, unit: str) -> list[int]:

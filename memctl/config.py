@@ -68,6 +68,7 @@ class MemoryConfig:
 
 
 MAX_QUESTIONS = 16
+MAX_STUDY = 32
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class TrainConfig:
     preserve: float = 1.0  # share of a unit's tokens spent matching the anchor on its own text (memctl.preserve)
     preserve_pool: int = 1024  # sequences the anchor writes for it, once per bank
     questions: int = 0  # questions per window written by the anchor (memctl.questions); 0: cloze prompts only
+    study: int = 0  # self-study continuations per window sampled by the open-book teacher (memctl.study); 0: off
 
     def validate(self) -> None:
         if self.epochs < 1:
@@ -103,6 +105,8 @@ class TrainConfig:
             raise InputError(f"--preserve-pool must be at least 1, got {self.preserve_pool}")
         if not 0 <= self.questions <= MAX_QUESTIONS:
             raise InputError(f"--questions must be between 0 and {MAX_QUESTIONS}, got {self.questions}")
+        if not 0 <= self.study <= MAX_STUDY:
+            raise InputError(f"--study must be between 0 and {MAX_STUDY}, got {self.study}")
         if self.objective not in ("lm", "distill", "mix"):
             raise InputError(f"--objective must be lm, distill or mix, got {self.objective!r}")
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from .anchor import Anchor
 from .embed import get_embedder
 from .prefix import logits_at, on_model
-from .prompts import prompts_for
+from .prompts import joins_without_space, prompts_for
 from .questions import ANSWER_TOKENS, answer_questions, chat_prompt, write_questions
 from .registry import Registry
 from .tree import route
@@ -51,6 +51,9 @@ class PrepareReport:
     route_differs_leaf: float  # share of prompts routed to another leaf than their window
     route_differs_l1: float
     teacher_seconds: float
+    study_added: int = 0  # self-study continuations sampled now (memctl.study)
+    study_seconds: float = 0.0
+    coverage: dict[str, Any] = field(default_factory=dict)  # memctl.coverage.Coverage.to_dict()
 
 
 def _held_out(window_id: int, text: str) -> int:
@@ -93,11 +96,13 @@ def generate_prompts(reg: Registry, progress: Progress | None = None) -> int:
     return len(made)
 
 
-def _answer_ids(tok: Any, answer: str, kind: str = "cloze") -> list[int]:
-    """A cloze answer continues its sentence after a space; a question's answer opens the assistant's turn."""
+def _answer_ids(tok: Any, answer: str, kind: str = "cloze", prompt: str = "") -> list[int]:
+    """A cloze answer continues its sentence after a space (none after "(1801-"); a question's answer
+    opens the assistant's turn."""
     if kind == QUESTION:
         return tok(answer, add_special_tokens=False)["input_ids"][:ANSWER_TOKENS]
-    return tok(" " + answer, add_special_tokens=False)["input_ids"][:MAX_ANSWER_TOKENS]
+    sep = "" if joins_without_space(prompt) else " "
+    return tok(sep + answer, add_special_tokens=False)["input_ids"][:MAX_ANSWER_TOKENS]
 
 
 def add_questions(reg: Registry, anchor: Anchor, per_window: int, progress: Progress | None = None) -> int:
@@ -171,7 +176,7 @@ def cache_teacher(reg: Registry, anchor: Anchor, progress: Progress | None = Non
             seqs, n_prompt = [], []
             for r in chunk:
                 p_ids = tok(r["text"], add_special_tokens=False)["input_ids"]
-                seqs.append(p_ids + _answer_ids(tok, r["answer"], r["kind"]))
+                seqs.append(p_ids + _answer_ids(tok, r["answer"], r["kind"], r["text"]))
                 n_prompt.append(len(p_ids))
             t = max(len(x) for x in seqs)
             ids = torch.full((len(seqs), t), pad, dtype=torch.long)
@@ -210,15 +215,31 @@ def cache_teacher(reg: Registry, anchor: Anchor, progress: Progress | None = Non
     return time.perf_counter() - t0
 
 
-def prepare(reg: Registry, anchor: Anchor, progress: Progress | None = None, questions: int = 0) -> PrepareReport:
+def prepare(
+    reg: Registry,
+    anchor: Anchor,
+    progress: Progress | None = None,
+    questions: int = 0,
+    study: int = 0,
+    units: list[str] | None = None,
+) -> PrepareReport:
+    """Cloze prompts, anchor-written questions (`questions` per window) and self-study continuations
+    (`study` per window: for the windows of `units` only, when given without the generic memory),
+    the teacher's cache for all of them, and the bank's coverage."""
+    from .coverage import bank_coverage
+    from .study import add_study
+
     added = generate_prompts(reg, progress)
     added += add_questions(reg, anchor, questions, progress)
+    l1s = None if units is None or "generic" in units else [int(u) for u in units]
+    studied, study_seconds = add_study(reg, anchor, study, TEACHER_SEPARATOR, progress, l1s)
     seconds = cache_teacher(reg, anchor, progress)
     total = reg.count("prompts")
     row = reg.db.execute(
         "select avg(p.path != w.path), avg(p.l1 != w.l1) from prompts p join windows w on w.id = p.window_id"
     ).fetchone()
-    return PrepareReport(added, total, float(row[0] or 0.0), float(row[1] or 0.0), seconds)
+    cov = bank_coverage(reg, questions=questions > 0, study=study > 0).to_dict()
+    return PrepareReport(added, total, float(row[0] or 0.0), float(row[1] or 0.0), seconds, studied, study_seconds, cov)
 
 
 def kd_loss(

@@ -15,7 +15,7 @@ i % groups, whose ranks train it together, data-parallel (memctl.dataparallel), 
 from __future__ import annotations
 
 import dataclasses
-import io
+import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,8 +31,10 @@ from .anchor import attach
 from .config import TrainConfig, train_config_from_json
 from .dataparallel import DataParallel, check_dp, make_groups
 from .errors import InputError, MemctlError
+from .memory import PARTS
+from .packing import pack, unpack
 from .placement import CPU, Placement
-from .records import TrainedUnit, commit_unit, start_run, stop_run
+from .records import TrainedUnit, UnitResult, commit_unit, start_run, stop_run
 from .registry import Registry, dumps, memctl_home
 from .train import (
     INTERRUPTED,
@@ -46,6 +48,7 @@ from .train import (
     sigint_flag,
     train_unit,
 )
+from .units import Unit, UnitParams
 
 
 @dataclass(frozen=True)
@@ -111,25 +114,53 @@ def _tags(unit_no: int) -> tuple[int, int]:
     return 2 * unit_no, 2 * unit_no + 1  # (size, bytes) of the message about unit `unit_no`
 
 
-def send_message(msg: Any, unit_no: int, dst: int = 0) -> list[Any]:
-    """Start sending a picklable message (tensors included, bit for bit) without waiting for the
-    receiver; returns what to keep alive and `.wait()` on."""
-    buf = io.BytesIO()
-    torch.save(msg, buf)
-    data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+def encode_message(msg: tuple[str, Any]) -> bytes:
+    """A message about a unit as tensors plus JSON (memctl.packing; no pickle): ("done", TrainedUnit)
+    with the unit's blocks bit for bit, or (kind, plain JSON data) for the others."""
+    kind, body = msg
+    if kind != "done":
+        return pack({}, {"kind": kind, "body": body})
+    tu: TrainedUnit = body
+    tensors = {f"{pos}.{part}": t for pos, level in enumerate(tu.params.tensors) for part, t in level.items()}
+    data = {
+        "kind": kind,
+        "result": dataclasses.asdict(tu.result),
+        "unit": {"name": tu.unit.name, "levels": tu.unit.levels},
+        "seen": [[level, node, docs] for (level, node), docs in tu.seen.items()],
+    }
+    return pack(tensors, data)
+
+
+def decode_message(buf: bytes) -> tuple[str, Any]:
+    tensors, data = unpack(buf)
+    kind = str(data["kind"])
+    if kind != "done":
+        body = data["body"]
+        return kind, tuple(body) if isinstance(body, list) else body
+    unit = Unit(str(data["unit"]["name"]), [(int(a), int(b), int(c)) for a, b, c in data["unit"]["levels"]])
+    params = UnitParams.from_tensors(
+        unit, [{p: tensors[f"{pos}.{p}"] for p in PARTS} for pos in range(len(unit.levels))]
+    )
+    seen = {(int(lv), int(nd)): {str(d): int(n) for d, n in docs.items()} for lv, nd, docs in data["seen"]}
+    return kind, TrainedUnit(UnitResult(**data["result"]), unit, params, seen)
+
+
+def send_message(msg: tuple[str, Any], unit_no: int, dst: int = 0) -> list[Any]:
+    """Start sending a message (`encode_message`) without waiting for the receiver; returns what to
+    keep alive and `.wait()` on."""
+    data = torch.frombuffer(bytearray(encode_message(msg)), dtype=torch.uint8)
     size = torch.tensor([data.numel()], dtype=torch.int64)
     t_size, t_data = _tags(unit_no)
     return [dist.isend(size, dst, tag=t_size), dist.isend(data, dst, tag=t_data), size, data]
 
 
-def recv_message(src: int, unit_no: int) -> Any:
+def recv_message(src: int, unit_no: int) -> tuple[str, Any]:
     t_size, t_data = _tags(unit_no)
     size = torch.zeros(1, dtype=torch.int64)
     dist.recv(size, src, tag=t_size)
     data = torch.empty(int(size.item()), dtype=torch.uint8)
     dist.recv(data, src, tag=t_data)
-    # from a rank of our own job; a GPU rank's tensors arrive on the CPU, where rank 0 writes them
-    return torch.load(io.BytesIO(data.numpy().tobytes()), map_location="cpu", weights_only=False)
+    return decode_message(data.numpy().tobytes())  # tensors on the CPU, where rank 0 writes them
 
 
 @dataclass
@@ -218,9 +249,12 @@ def train_distributed(
 
 
 def _broadcast(plan: _Plan) -> _Plan:
-    box: list[Any] = [plan]
+    """Rank 0's plan on every rank, sent as one JSON string (plain data, no object of ours)."""
+    box: list[Any] = [json.dumps(dataclasses.asdict(plan))]
     dist.broadcast_object_list(box, src=0)
-    return box[0]
+    got = json.loads(box[0])
+    got["error"] = tuple(got["error"]) if got["error"] else None
+    return _Plan(**got)
 
 
 def _train_worker(

@@ -108,6 +108,23 @@ def markdown(res: dict[str, Any], command: str = "") -> str:
                 if ratio is not None
                 else f"| {r['setup']} | {r['perplexity']:.2f} | - | {r['tokens']:,} |"
             )
+    cov = res.get("coverage")
+    if cov and "mean" in cov:
+        lines += ["", "## Coverage", ""]
+        kinds = ", ".join(f"{k} {pct(v)}" for k, v in sorted(cov.get("by_kind", {}).items()))
+        lines.append(
+            f"{pct(cov['mean'])} of the windows' content words appear in an answer the memories were trained on"
+            + (f" ({kinds})." if kinds else ".")
+        )
+        if cov.get("uncovered"):
+            listed = cov.get("uncovered_windows", [])
+            lines.append(
+                f"**{cov['uncovered']} of {cov['windows']} windows have no coverage**: no training prompt asks "
+                "about them, so what they say can only be recited, not answered"
+                + (f" (the first {len(listed)} below)." if len(listed) < cov["uncovered"] else ".")
+            )
+            lines += ["", "| window | document |", "|---:|---|"]
+            lines += [f"| {w['window']} | {w['doc']} |" for w in listed]
     if res.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in res["notes"]]
     lines += ["", f"Run {res.get('run', '-')} took {res.get('seconds', 0):.0f} s."]

@@ -358,6 +358,11 @@ def run_eval(
         raise
     out = aggregate(session, plan, opts, results)
     out.update(params=params, notes=plan.notes, seconds=time.perf_counter() - t0)
+    from .bank import coverage_report
+
+    cov = coverage_report(session.reg)
+    if cov is not None:
+        out["coverage"] = cov
     if runs and opened:
         out.update(run=opened.id, resumed=opened.resumed, resumed_answers=len(done))
         runs.finish(opened.id, out, out["seconds"])

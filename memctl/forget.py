@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .checkpoint import drop_checkpoint, has_checkpoint
 from .config import TrainConfig, train_config_from_json
 from .errors import InputError, MemctlError
 from .evaluate import evaluate
@@ -144,7 +145,7 @@ def _units_with_data(reg: Registry, names: Sequence[str]) -> list[str]:
             ).fetchone()[0]
             for level, first, n in unit.levels
         )
-        if trained or (reg.checkpoint_dir() / f"unit-{name}.pt").exists():
+        if trained or has_checkpoint(reg.checkpoint_dir(), name):
             out.append(name)
     return out
 
@@ -334,7 +335,7 @@ def forget(
             reg.sweep_orphans()  # the new, uncommitted files; the old blocks stay in place
             raise
         for u in plan.units:
-            (reg.checkpoint_dir() / f"unit-{u}.pt").unlink(missing_ok=True)
+            drop_checkpoint(reg.checkpoint_dir(), u)
         deleted = len(reg.sweep_orphans())
         reg.vacuum()
 

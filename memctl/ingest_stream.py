@@ -351,7 +351,7 @@ def _recluster(
         last, pos = ids[-1], pos + len(ids)
     r.save_tree(tree)
     r.db.execute("delete from prompts")  # prompts were routed, and checkpoints trained, on the old tree
-    r.db.execute("update windows set prompted = 0, questioned = 0")
+    r.db.execute("update windows set prompted = 0, questioned = 0, studied = 0")
     timer.add("write", t0)
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from .anchor import attach
+from .checkpoint import drop_checkpoint
 from .distill import PrepareReport
 from .errors import BankStateError, InputError, MemctlError
 from .memory import PARTS
@@ -34,6 +35,7 @@ from .placement import placement
 from .records import TrainedUnit, UnitResult, record_unit, run_row, write_unit
 from .registry import Registry, block_id, dumps, memctl_home, now
 from .registry.blockfile import read_block
+from .registry.private import private_dir, touch_private, write_private
 from .train import (
     TrainEvent,
     TrainingInterrupted,
@@ -98,14 +100,34 @@ def _unit_name(reg: Registry, subtree: int | None, generic: bool) -> str:
 
 def _snapshot(reg: Registry, work: Path) -> None:
     """A consistent copy of the registry (SQLite backup API) and its data fingerprint."""
-    work.mkdir(parents=True)
+    private_dir(work)  # 0700 (and DIR with it, when new): the snapshot holds the bank's text
     tmp = work / "registry.db.tmp"
+    touch_private(tmp)
     dst = sqlite3.connect(str(tmp))
     with dst:
         reg.db.conn.backup(dst)
     dst.close()
     os.replace(tmp, work / "registry.db")
     (work / "snapshot.json").write_text(json.dumps({"data_sha256": data_fingerprint(reg), "taken": now()}))
+
+
+def _claim_out(reg: Registry, out: Path, subtree: int | None, generic: bool, restart: bool) -> tuple[str, Path, Path]:
+    """Check the request; (unit, output directory, its work directory holding the registry snapshot)."""
+    unit = _unit_name(reg, subtree, generic)
+    out = out.expanduser().resolve()
+    if out.is_relative_to(reg.path):
+        raise InputError(f"--out {out} is inside the bank; choose a directory outside it")
+    if (out / MANIFEST).exists():
+        raise InputError(f"{out} already holds a trained unit ({MANIFEST}); choose an empty directory")
+    if out.exists() and (not out.is_dir() or any(p.name != WORK for p in out.iterdir())):
+        raise InputError(f"{out} is not an empty directory; choose an empty one")
+    work = out / WORK
+    if restart:
+        shutil.rmtree(work, ignore_errors=True)
+    if not (work / "registry.db").is_file():
+        shutil.rmtree(work, ignore_errors=True)
+        _snapshot(reg, work)
+    return unit, out, work
 
 
 def train_out(
@@ -127,21 +149,10 @@ def train_out(
     place = placement(device, dtype)
     home = home or memctl_home()
     reg = Registry.open(name, home)
-    unit = _unit_name(reg, subtree, generic)
-    out = out.expanduser().resolve()
-    if out.is_relative_to(reg.path):
-        raise InputError(f"--out {out} is inside the bank; choose a directory outside it")
-    if (out / MANIFEST).exists():
-        raise InputError(f"{out} already holds a trained unit ({MANIFEST}); choose an empty directory")
-    if out.exists() and (not out.is_dir() or any(p.name != WORK for p in out.iterdir())):
-        raise InputError(f"{out} is not an empty directory; choose an empty one")
-    work = out / WORK
-    if restart:
-        shutil.rmtree(work, ignore_errors=True)
-    if not (work / "registry.db").is_file():
-        shutil.rmtree(work, ignore_errors=True)
-        _snapshot(reg, work)
-    reg.close()
+    try:
+        unit, out, work = _claim_out(reg, out, subtree, generic, restart)
+    finally:
+        reg.close()  # a refused request leaves no connection (nor its write-ahead log) on the bank
     scratch = Registry(work, name)
     handle = None
     try:
@@ -180,9 +191,7 @@ def train_out(
             "stats": dataclasses.asdict(tu.result),
             "finished": now(),
         }
-        tmp = out / f".{MANIFEST}.tmp"
-        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
-        os.replace(tmp, out / MANIFEST)
+        write_private(out / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
     finally:
         if handle is not None:
             handle.detach()
@@ -297,7 +306,7 @@ def merge(name: str, dirs: list[Path], *, home: Path | None = None) -> MergeResu
         finally:
             reg.sweep_orphans()  # the replaced files, or ours when the transaction failed
         for unit in by_unit:
-            (reg.path / "checkpoints" / f"unit-{unit}.pt").unlink(missing_ok=True)  # superseded
+            drop_checkpoint(reg.checkpoint_dir(), unit)  # superseded
         n_blocks = sum(len(m["blocks"]) for _, m, _ in loaded)
         return MergeResult(name, list(by_unit), n_blocks, [str(d) for d, _, _ in loaded])
     finally:

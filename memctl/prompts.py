@@ -1,11 +1,18 @@
 """Prompts about a window, generated from the window itself (pure text; no labels, no models).
 
-* cloze: a statement of the window cut just before a salient span (a number, a year, a name),
-  with the statement's subject made explicit (a leading pronoun or a bare participle gets the
-  subject; a statement that never names it is prefixed "<S>: "); the span is the answer.
+* cloze: a statement of the window cut just before a salient span, with the statement's subject
+  made explicit (a leading pronoun or a bare participle gets the subject; a statement that never
+  names it is prefixed "<S>: "); the span is the answer. Salient spans, meant for any style of text:
+    - numbers, including either end of a range ("(1801-1882)") and the parts of a date;
+    - whole dates in any common form ("14 March 1962", "March 14, 1962", "1962-03-14");
+    - names (two or more Capitalised words), and one Capitalised word inside a parenthetical
+      ("(also known as Example)");
+    - the lowercase noun phrase after a copula ("is a theologian", "was an English composer");
+    - the value of a list item or a field line ("- Born: 14 March 1962", "Employer | Quorvane").
 * paraphrase: the same fact asked in other generic English forms:
     - attribute form  "<S> ... with atomic number 2"      -> "The atomic number of <S> is"
     - agent deletion  "<S> was discovered by X Y in 1766" -> "<S> was discovered in"
+    - field form      "- Born: 14 March 1962"             -> "<S>, born:"
 """
 
 from __future__ import annotations
@@ -13,10 +20,36 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_SENT = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
-_NUMBER = re.compile(r"(?<![\w.-])(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)(?![\w-])")
+# a sentence ends at . ! ? after a lowercase letter, a digit or a closing mark, so initials ("Jane Q. Example",
+# "Sir H. Davy") do not end one
+_SENT = re.compile(r"(?<=[a-z0-9%)\]\"'][.!?])\s+(?=[A-Z0-9\"'(])")
+# a number: not inside a word or a decimal, not glued to a word by a hyphen ("COVID-19", "3-year"),
+# but either end of a numeric range ("1801-1882", "1801–1882") is one
+_NUMBER = re.compile(r"(?<![\w.])(?<![A-Za-z]-)(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)(?!\w)(?![-\u2013][A-Za-z])")
+_MONTH = (
+    r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|Sep(?:t(?:ember)?)?|"
+    r"Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)\.?"
+)
+_DAY = r"\d{1,2}(?:st|nd|rd|th)?"
+_DATE = re.compile(rf"(?<![\w-])(\d{{4}}-\d{{2}}-\d{{2}}|{_DAY} {_MONTH},? \d{{4}}|{_MONTH} {_DAY},? \d{{4}})(?![\w-])")
+# a lowercase noun phrase after a copula and an article: "is a theologian", "was an English composer"
+_COPULA_NP = re.compile(
+    r"\b(?:is|was|are|were|became|becomes|remains|served as)\s+(?:a|an|the)\s+"
+    r"((?:[A-Z][a-z]+\s+)?[a-z][a-z-]+(?:\s+(?!(?:in|at|of|for|from|with|by|who|which|that|and|or|to|on|since)\b)"
+    r"[a-z][a-z-]+){0,3})"
+)
+# one Capitalised word (or a number) led by a lowercase phrase inside parentheses: "(also known as Example)"
+_PAREN = re.compile(r"\((?:[a-z][a-z.]*\s+){1,4}([A-Z][\w'-]+)\)")
+# a list item or a field line: "- Born: 14 March 1962", "Employer: Quorvane Systems", "City | Brantholm"
+_FIELD = re.compile(
+    r"^\s*(?:[-*\u2022]|\d{1,2}[.)])?\s*([A-Za-z][\w/'-]*(?: [\w/'-]+){0,3})\s*(?::|\|)\s+(\S.{0,80}?)\s*\.?$"
+)
+_ITEM = re.compile(r"^\s*(?:[-*\u2022]|\d{1,2}[.)])\s+\S")
+_QA = re.compile(r"^(?:Q|Question):\s*(.+?\?)(?:\s+(?:A|Answer):\s*(.+?))?\.?$")
+MAX_FIELD_WORDS = 8
+_HEADER_KEYS = {"field", "key", "attribute", "property", "item", "name"}
 _NAME = re.compile(r"(?<=[a-z,;:] )([A-Z][a-z]+(?:\s+(?:[A-Z]\.\s*)*[A-Z][a-z]+)+)")
-_PRONOUN = re.compile(r"^(It|Its|This element|This|They|Their)\b")
+_PRONOUN = re.compile(r"^(It|Its|This element|This|They|Their|He|She|His|Her)\b")
 _STOP = {
     "the",
     "a",
@@ -72,9 +105,23 @@ class Prompt:
     answer: str
 
 
+def _is_line_unit(line: str) -> bool:
+    return bool(_ITEM.match(line) or _FIELD.match(line) or _QA.match(line))
+
+
 def sentences(text: str) -> list[str]:
+    """Sentences of each paragraph; in a paragraph of list items or field lines, each line is one unit
+    (a "Q: ..." line and the "A: ..." line after it make one)."""
     out = []
     for para in re.split(r"\n\s*\n", text):
+        lines = [" ".join(x.split()) for x in para.splitlines() if x.strip()]
+        if len(lines) > 1 and sum(_is_line_unit(x) for x in lines) >= 2:
+            for line in lines:
+                if out and line.startswith("A:") and out[-1].startswith("Q:") and " A: " not in out[-1]:
+                    out[-1] = f"{out[-1]} {line}"
+                else:
+                    out.append(line)
+            continue
         para = " ".join(para.split())
         out.extend(s.strip() for s in _SENT.split(para) if s.strip())
     return out
@@ -85,7 +132,7 @@ def _explicit_subject(prefix: str, subject: str) -> str:
     m = _PRONOUN.match(prefix)
     if m:
         word = m.group(1)
-        repl = f"{subject}'s" if word in ("Its", "Their") else subject
+        repl = f"{subject}'s" if word in ("Its", "Their", "His", "Her") else subject
         return repl + prefix[m.end() :]
     first = prefix.split(" ", 1)[0]
     if first.endswith("ed") and first[:1].isupper() and subject.lower() not in prefix.lower():
@@ -94,9 +141,27 @@ def _explicit_subject(prefix: str, subject: str) -> str:
 
 
 def _spans(sentence: str) -> list[tuple[int, int]]:
+    """Salient spans, one per start (the longest): a date is one answer, not its first number."""
     spans = [(m.start(1), m.end(1)) for m in _NUMBER.finditer(sentence)]
-    spans += [(m.start(1), m.end(1)) for m in _NAME.finditer(sentence)]
-    return sorted(set(spans))
+    for pattern in (_DATE, _NAME, _COPULA_NP, _PAREN):
+        spans += [(m.start(1), m.end(1)) for m in pattern.finditer(sentence)]
+    longest: dict[int, int] = {}
+    for s, e in spans:
+        longest[s] = max(e, longest.get(s, e))
+    return sorted(longest.items())
+
+
+def _fields(unit: str) -> tuple[str, str] | None:
+    """(key, value) of a field line or a question-and-answer pair, when the value is a short answer."""
+    qa = _QA.match(unit)
+    if qa:
+        key, value = f"Q: {qa.group(1)} A:", qa.group(2) or ""
+    else:
+        m = _FIELD.match(unit)
+        if not m or len(m.group(1)) < 2 or m.group(1).lower() in _HEADER_KEYS:
+            return None
+        key, value = m.group(1).strip(), m.group(2).strip().rstrip(".")
+    return (key, value) if value and len(value.split()) <= MAX_FIELD_WORDS else None
 
 
 def _attribute_np(prefix: str) -> str | None:
@@ -113,25 +178,40 @@ def _attribute_np(prefix: str) -> str | None:
     return " ".join(np_words) if before in {"with", "of", "has", "have", "had", "is", "was"} else None
 
 
+def joins_without_space(prompt: str) -> bool:
+    """Whether an answer follows `prompt` with no space ("(1801-" + "1882")."""
+    return prompt.endswith(("-", "\u2013", "(", "/"))
+
+
 def prompts_for(text: str, subject: str, max_per_window: int = 48) -> list[Prompt]:
     """Cloze prompts and their paraphrases for every salient span of every sentence of `text`."""
     subject = subject.strip()
     out: list[Prompt] = []
     answers: dict[str, set[str]] = {}
 
-    def add(kind: str, prompt: str, answer: str) -> None:
+    def add(kind: str, prompt: str, answer: str, min_words: int = MIN_PREFIX_WORDS) -> None:
         prompt = " ".join(prompt.split()).rstrip()
-        if len(prompt.split()) >= MIN_PREFIX_WORDS:
+        if len(prompt.split()) >= min_words:
             if prompt not in answers:
                 out.append(Prompt(kind, prompt, answer))
             answers.setdefault(prompt, set()).add(answer)
 
     for sent in sentences(text):
+        field = _fields(sent)
+        value_at = -1
+        if field and subject:
+            key, value = field
+            add("cloze", key if key.startswith("Q: ") else f"{subject}, {key.lower()}:", value, min_words=2)
+            value_at = sent.rfind(value)
         for s, e in _spans(sent):
-            prefix = sent[:s].rstrip(" (")
-            if len(prefix.split()) < 2 or prefix.endswith(("-", "/")):
+            if s == value_at:  # the field's value: asked above, with its key
                 continue
+            prefix = sent[:s].rstrip(" (")
             answer = sent[s:e]
+            # a range's second year may follow its hyphen ("(1801-" -> "1882"); other glued parts may not
+            ranged = re.search(r"\d{4}\s*[-\u2013]$", prefix) and re.fullmatch(r"\d{4}", answer)
+            if len(prefix.split()) < 2 or (prefix.endswith(("-", "/", "\u2013")) and not ranged):
+                continue
             if answer.lower() in prefix.lower():
                 continue
             cloze = _explicit_subject(prefix, subject) if subject else prefix

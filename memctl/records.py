@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checkpoint import drop_checkpoint
 from .config import TrainConfig
 from .registry import Registry, block_id, dumps, now
 from .units import Unit, UnitParams
@@ -116,6 +117,6 @@ def run_row(res: UnitResult) -> dict[str, Any]:
 def commit_unit(reg: Registry, tu: TrainedUnit, run_id: int) -> UnitResult:
     """Write a trained unit's blocks and commit them (one transaction), drop its checkpoint, close its run."""
     finish_unit(reg, tu)
-    (reg.checkpoint_dir() / f"unit-{tu.unit.name}.pt").unlink(missing_ok=True)
+    drop_checkpoint(reg.checkpoint_dir(), tu.unit.name)
     reg.db["runs"].update(run_id, run_row(tu.result))
     return tu.result

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +31,17 @@ from .batches import (
     loss_positions,
     preserve_samples,
 )
+from .checkpoint import (
+    TrainState,
+    checkpoint_path,
+    checkpoint_settings,
+    drop_checkpoints,
+    pending_checkpoints,
+    read_checkpoint,
+    refuse_legacy,
+    save_checkpoint,
+)
+from .checkpoint import decode as decode_checkpoint
 from .config import TrainConfig, train_config_from_json
 from .dataparallel import DataParallel
 from .distill import PrepareReport, generate_prompts, heldout_accuracy, heldout_loss, heldout_prompts, prepare
@@ -101,12 +111,6 @@ def sigint_flag() -> Iterator[dict[str, bool]]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
 def train_unit(
     reg: Registry,
     anchor: Anchor,
@@ -134,7 +138,9 @@ def train_unit(
     cfg = reg.config
     unit = unit_of(cfg, name)
     samples = [
-        s for s in load_samples(reg, anchor, name, tcfg.objective, tcfg.questions > 0) if s.doc_id not in exclude
+        s
+        for s in load_samples(reg, anchor, name, tcfg.objective, tcfg.questions > 0, tcfg.study > 0)
+        if s.doc_id not in exclude
     ]
     samples += preserve_samples(reg, name, tcfg.preserve, samples, tcfg.seed, tcfg.preserve_pool)
     params = UnitParams(cfg, unit, anchor.device)
@@ -149,46 +155,48 @@ def train_unit(
     total = sum(len(e) for e in epochs)
     opt = BlockAdamW(params.flat(), lr=tcfg.lr, betas=tcfg.betas, eps=tcfg.eps, weight_decay=tcfg.weight_decay)
     heldout = heldout_prompts(reg, name, exclude=exclude)
-    ckpt = reg.checkpoint_dir() / f"unit-{name}.pt"
+    ckpt = checkpoint_path(reg.checkpoint_dir(), name)
     step, tokens, seconds = 0, 0, 0.0
     losses: dict[str, list[float]] = {}  # by batch kind (lm, kd, keep): their losses differ in scale
     seen: dict[tuple[int, int], dict[str, int]] = {}  # (level, node) -> doc -> tokens trained
     scores: list[float] = []  # held-out prompt accuracy after each epoch
     held_losses: list[float] = []  # held-out distillation loss after each epoch (with a teacher cache)
     lead = dp is None or dp.leader
-    state = torch.load(ckpt, map_location="cpu", weights_only=False) if checkpoints and lead and ckpt.exists() else None
-    if dp is not None:
-        state = dp.broadcast(state)
-    if state is not None:
-        with torch.no_grad():
-            for dst, src in zip(params.flat(), state["params"], strict=True):
-                dst.copy_(src)
-        opt.load_state_dict(state["opt"])
-        step, tokens, losses, seconds = state["step"], state["tokens"], state["losses"], state["seconds"]
-        seen, scores = state["seen"], state["scores"]
-        held_losses = state.get("heldout_loss", [])  # absent from checkpoints written before it existed
-        if isinstance(losses, list):  # a checkpoint from before losses were kept by kind
-            losses = {"all": losses}
+    found, error = None, None  # the checkpoint's bytes, or why they could not be read
+    if checkpoints and lead and ckpt.exists():
+        try:
+            found = read_checkpoint(ckpt)
+        except BankStateError as e:
+            error = str(e)
+    if dp is not None:  # bytes and a string: the group's other ranks unpickle no object of ours
+        found, error = dp.broadcast((found, error))
+    if error is not None:
+        raise BankStateError(error)
+    if found is not None:
+        state = decode_checkpoint(found, ckpt, name)
+        state.restore(params.flat(), opt, ckpt)
+        step, tokens, losses, seconds = state.step, state.tokens, state.losses, state.seconds
+        seen, scores, held_losses = state.seen, state.scores, state.heldout_loss
     resumed_from = step
     pad = anchor.tokenizer.pad_token_id
     t_start = time.perf_counter() - seconds
 
     def checkpoint() -> None:
-        state = {
-            "params": [p.detach().to("cpu", copy=True) for p in params.flat()],
-            "opt": {k: [t.cpu() for t in v] for k, v in opt.state_dict().items()},  # no copy on the CPU
-            "step": step,
-            "tokens": tokens,
-            "losses": losses,
-            "seen": seen,
-            "scores": scores,
-            "heldout_loss": held_losses,
-            "unit": name,
-            "seconds": time.perf_counter() - t_start,
-            "config": dumps(dataclasses.asdict(tcfg)),
-            "placement": Placement(anchor.device, anchor.dtype).kind,
-        }
-        _save_checkpoint(ckpt, state)
+        state = TrainState(
+            params=[p.detach().to("cpu") for p in params.flat()],  # serialised at once: no copy on the CPU
+            opt={k: [t.cpu() for t in v] for k, v in opt.state_dict().items()},
+            step=step,
+            tokens=tokens,
+            losses=losses,
+            seen=seen,
+            scores=scores,
+            heldout_loss=held_losses,
+            unit=name,
+            seconds=time.perf_counter() - t_start,
+            config=dumps(dataclasses.asdict(tcfg)),
+            placement=Placement(anchor.device, anchor.dtype).kind,
+        )
+        save_checkpoint(ckpt, state)
 
     flat_batches = [(e, b) for e, bs in enumerate(epochs) for b in bs]
     stopped_early = False
@@ -386,8 +394,8 @@ def plan_training(
     if unknown:
         raise InputError(f"unknown training option(s): {', '.join(sorted(unknown))}")
     if restart:
-        for p in reg.checkpoint_dir().glob("unit-*.pt"):
-            p.unlink()
+        drop_checkpoints(reg.checkpoint_dir())
+    refuse_legacy(reg.checkpoint_dir())
     tcfg = _resolve_config(reg, overrides, place)
     todo, done = units_to_train(reg, subtree, retrain)
     return tcfg, todo, done
@@ -413,7 +421,7 @@ def prepare_training(
     if tcfg.objective == "lm":  # prompts only to score held-out accuracy while training
         generate_prompts(reg, stage)
     else:
-        report = prepare(reg, anchor, stage, tcfg.questions)
+        report = prepare(reg, anchor, stage, tcfg.questions, tcfg.study, todo)
     if tcfg.preserve > 0:
         prepare_pool(reg, anchor, stage, tcfg.preserve_pool)
     split_head = head_split_ok(reg, anchor, todo, tcfg.objective)
@@ -464,11 +472,10 @@ def _resolve_config(reg: Registry, overrides: dict[str, Any], place: Placement) 
     """A pending checkpoint fixes the configuration; otherwise the bank's last training configuration
     (defaults for a new bank) plus the user's options, so that retraining stale or dropped blocks
     repeats how the bank was trained unless told otherwise."""
-    pending = sorted(reg.checkpoint_dir().glob("unit-*.pt"))
+    pending = pending_checkpoints(reg.checkpoint_dir())
     if pending:
-        state = torch.load(pending[0], map_location="cpu", weights_only=False)
-        saved = train_config_from_json(state["config"])
-        where = state.get("placement", CPU.kind)  # checkpoints from before --device were made on cpu fp32
+        config, where = checkpoint_settings(pending[0])
+        saved = train_config_from_json(config)
         if where != place.kind:
             raise InputError(
                 f"an interrupted run on {where} is pending; resume it with that --device and --dtype, or pass --restart"

@@ -32,6 +32,7 @@ from .privacy import doc_tags, reachable_blocks
 from .registry import Registry, check_name, memctl_home, now
 from .registry.blockfile import read_header
 from .registry.migrations import MIGRATIONS
+from .registry.private import create_private, private_dir
 
 FORMAT = "memctl-bank"
 VERSION = 1
@@ -102,7 +103,7 @@ def _snapshot(reg: Registry, allow: frozenset[str] | None, part: Path) -> tuple[
     The unfiltered working copy holds private text: it stays on the bank's own disk, never next to the archive."""
     work = reg.path / f".export{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
+    private_dir(work)
     try:
         reg.db.execute("VACUUM INTO ?", [str(work / REGISTRY)])  # a consistent snapshot, even mid-train
         copy = Registry(work, reg.name)
@@ -114,6 +115,7 @@ def _snapshot(reg: Registry, allow: frozenset[str] | None, part: Path) -> tuple[
                 _restrict(copy, allow, {r["id"] for r in rows})
             bank, documents = copy.bank, copy.count("documents")
             schema = max(r[0] for r in copy.db.execute("select version from schema_migrations"))
+            copy.db.execute("PRAGMA journal_mode=DELETE")  # one self-contained file, no write-ahead log
         finally:
             copy.close()
         with (work / REGISTRY).open("rb") as f:
@@ -170,7 +172,7 @@ def _restrict(copy: Registry, allow: frozenset[str], keep: set[str]) -> None:
 
 def _write_archive(part: Path, manifest: dict[str, Any], db_path: Path, bank_dir: Path) -> None:
     """manifest, registry, then each block (checksum verified while it streams in); fsynced."""
-    with part.open("xb") as f:
+    with os.fdopen(create_private(part), "wb") as f:  # 0600: the archive holds the bank's text
         with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
             data = json.dumps(manifest, indent=1, sort_keys=True).encode()
             _add(tar, MANIFEST, io.BytesIO(data), len(data))
@@ -244,7 +246,7 @@ def import_bank(
         staging = final.with_name(f".{name}.import{os.getpid()}")
         try:
             shutil.rmtree(staging, ignore_errors=True)
-            (staging / "blocks").mkdir(parents=True)
+            private_dir(staging / "blocks")  # 0700, the bank's directory with it
             files = _extract(tar, members, staging, archive)
             result = _adopt(staging, name, manifest, files, anchor, archive)
             if final.exists():
@@ -323,7 +325,7 @@ def _extract(
             src = tar.extractfile(info)
             assert src is not None
             reader, n = _Hashing(src), 0
-            with (staging / arc).open("xb") as dst:
+            with os.fdopen(create_private(staging / arc), "wb") as dst:
                 while chunk := reader.read(1 << 20):
                     dst.write(chunk)
                     n += len(chunk)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .checkpoint import checkpoint_path
 from .config import BankConfig
 from .errors import InputError
 from .memory import PARTS, Fetched, LevelFetch, block_generator, init_block
@@ -50,7 +51,7 @@ def units_to_train(reg: Registry, subtree: int | None, retrain: bool) -> tuple[l
         candidates = [str(u) for u in l1s] + [GENERIC]
     todo, done = [], []
     for name in candidates:
-        if retrain or (reg.checkpoint_dir() / f"unit-{name}.pt").exists():
+        if retrain or checkpoint_path(reg.checkpoint_dir(), name).exists():
             todo.append(name)
             continue
         if name == GENERIC:
@@ -94,6 +95,15 @@ class UnitParams:
             self.tensors.append(
                 {p: torch.stack([b[p] for b in blocks]).to(self.device).requires_grad_(True) for p in PARTS}
             )
+
+    @classmethod
+    def from_tensors(cls, unit: Unit, tensors: list[dict[str, torch.Tensor]]) -> UnitParams:
+        """The unit's trained blocks as received (per level, gate/up/down), on their tensors' device."""
+        params = cls.__new__(cls)
+        params.unit = unit
+        params.device = tensors[0]["gate"].device if tensors else torch.device("cpu")
+        params.tensors = tensors
+        return params
 
     def flat(self) -> list[torch.Tensor]:
         return [t[p] for t in self.tensors for p in PARTS]

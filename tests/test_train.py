@@ -115,7 +115,7 @@ def test_resumed_training_matches_an_uninterrupted_run(
     cut = _bank(corpus, tiny_anchor, home, "cut")
     first = train("cut", cfg, home=home, max_steps=2)
     assert first.interrupted and not first.units
-    assert list((cut.path / "checkpoints").glob("unit-*.pt"))
+    assert list((cut.path / "checkpoints").glob("unit-*.safetensors"))
     second = train("cut", home=home)
     assert all(u.resumed_from == 2 for u in second.units if u.unit != "generic") or second.units
     got = _blocks(cut)

@@ -55,3 +55,33 @@ def build_tiny_llama(path: Path, layers: int = 3, hidden: int = 32, inner: int =
     torch.manual_seed(seed)
     LlamaForCausalLM(cfg).save_pretrained(path)
     return path
+
+
+def level2_blocks_touched(anchor: object, samples: list) -> tuple[list[bool], list[bool]]:
+    """Distillation loss of `samples` (unit 0's, on level-2 nodes 0 and 1) backpropagated into two random
+    level-2 blocks on every layer: (blocks whose gradient is non-zero, blocks some sample routes to).
+    Also checks that the frozen anchor got no gradient."""
+    from memctl.anchor import attach
+    from memctl.batches import kd_targets
+    from memctl.distill import kd_loss
+    from memctl.memory import Fetched, LevelFetch
+
+    n, d = anchor.n_layers, anchor.hidden
+    handle = attach(anchor.model, tuple(range(n)))
+    try:
+        g = torch.Generator().manual_seed(0)
+        level2 = {p: (torch.randn(2, n, 4, d, generator=g) * 0.1).requires_grad_(True) for p in ("gate", "up", "down")}
+        ids = torch.full((len(samples), max(len(s.ids) for s in samples)), anchor.tokenizer.pad_token_id)
+        mask = torch.zeros_like(ids)
+        for i, s in enumerate(samples):
+            ids[i, : len(s.ids)] = torch.tensor(s.ids)
+            mask[i, : len(s.ids)] = 1
+        local = torch.tensor([s.path[1] % 2 for s in samples])  # unit 0 owns level-2 nodes 0 and 1
+        pos, idx, logp = kd_targets(samples)
+        with handle.using(Fetched([LevelFetch(level2["gate"], level2["up"], level2["down"], local)], len(samples))):
+            kd_loss(anchor.model, ids, mask, pos, idx, logp).backward()
+        assert all(p.grad is None for p in anchor.model.parameters())
+        touched = (level2["down"].grad.abs().flatten(1).sum(1) > 0).tolist()
+        return touched, [bool((local == 0).any()), bool((local == 1).any())]
+    finally:
+        handle.detach()

@@ -12,7 +12,18 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .common import BankOpt, JsonOpt, app, err, human_bytes, human_params, out, run, stage_progress
+from .common import (
+    BankOpt,
+    JsonOpt,
+    app,
+    coverage_line,
+    err,
+    human_bytes,
+    human_params,
+    out,
+    run,
+    stage_progress,
+)
 
 
 @app.command()
@@ -133,6 +144,14 @@ def train(
             "the window (distill and mix; written once per window; default 0: off, cloze prompts only)."
         ),
     ] = None,
+    study: Annotated[
+        int | None,
+        typer.Option(
+            help="Self-study continuations per window: the anchor, reading the window, writes them from seeds "
+            "that name its subject, and the memories learn its every token (distill and mix; sampled once per "
+            "window; default 0: off)."
+        ),
+    ] = None,
     subtree: Annotated[int | None, typer.Option(help="Train only this level-1 subtree (an isolated unit).")] = None,
     retrain: Annotated[bool, typer.Option(help="Retrain units that are already trained.")] = False,
     restart: Annotated[bool, typer.Option(help="Drop interrupted checkpoints and start over.")] = False,
@@ -184,6 +203,7 @@ def train(
         "preserve": preserve,
         "preserve_pool": preserve_pool,
         "questions": questions,
+        "study": study,
     }
     if out_dir is not None or generic:
         train_out_command(bank, out_dir, overrides, subtree, generic, restart, as_json, dp, device, dtype)
@@ -193,18 +213,25 @@ def train(
     def go() -> Any:
         if as_json or not err.is_terminal or world.size > 1:
             last = [0.0]
+            started: dict[str, tuple[float, int]] = {}
 
             def log(ev: TrainEvent) -> None:
                 if not as_json and (ev.step == ev.total_steps or time.monotonic() - last[0] > 10):
                     last[0] = time.monotonic()
-                    if ev.unit_no < 0:  # a preparation stage: prompts, teacher cache, prefix cache
-                        err.print(f"{ev.unit} {ev.step}/{ev.total_steps}", highlight=False)
+                    if ev.unit_no < 0:  # a preparation stage: prompts, teacher cache, self-study, prefix cache
+                        t0, n0 = started.setdefault(ev.unit, (time.monotonic(), ev.step))
+                        rate = (ev.step - n0) / max(time.monotonic() - t0, 1e-9)
+                        eta = f", ETA {(ev.total_steps - ev.step) / rate:.0f}s" if rate > 0 else ""
+                        err.print(f"{ev.unit} {ev.step}/{ev.total_steps} ({rate:.2f}/s{eta})", highlight=False)
                         return
                     held = f" held-out {100 * ev.heldout:.0f}%" if ev.heldout is not None else ""
+                    t0, n0 = started.setdefault(f"unit {ev.unit}", (time.monotonic(), ev.step))
+                    rate = (ev.step - n0) / max(time.monotonic() - t0, 1e-9)
+                    eta = f", unit ETA {(ev.total_steps - ev.step) / rate:.0f}s" if rate > 0 else ""
                     err.print(
                         (f"rank {world.rank}: " if world.size > 1 else "")
                         + f"unit {ev.unit} ({ev.unit_no + 1}/{ev.n_units}) step {ev.step}/{ev.total_steps} "
-                        f"loss {ev.loss:.3f}{held} {ev.tokens_per_s:.0f} tok/s",
+                        f"loss {ev.loss:.3f}{held} {ev.tokens_per_s:.0f} tok/s{eta}",
                         highlight=False,
                     )
 
@@ -272,7 +299,10 @@ def train(
             f"prompts: {p.prompts_total} ({p.prompts_added} new); routed to another leaf than their window: "
             f"{100 * p.route_differs_leaf:.0f}% (another level-1 subtree: {100 * p.route_differs_l1:.0f}%), "
             f"both paths trained; teacher cache {p.teacher_seconds:.0f}s"
+            + (f"; self-study {p.study_added} new continuations, {p.study_seconds:.0f}s" if p.study_added else "")
         )
+        if p.coverage:
+            out.print(coverage_line(p.coverage))
     table = Table(title=f"trained {len(res.units)} unit(s) of {bank}")
     for col in (
         "unit",
@@ -376,6 +406,8 @@ def info(
     )
     out.print(table)
     out.print(f"training  {d['training']}")
+    if d.get("coverage"):
+        out.print(coverage_line(d["coverage"]), highlight=False)
     tags = ", ".join(f"{t} {n}" for t, n in d["tags"].items()) or "none"
     out.print(
         f"privacy   documents by tag: {tags}; {d['references']} reference document(s); "

@@ -104,6 +104,20 @@ def stage_progress(enabled: bool = True) -> Iterator[Callable[[str, int, int], N
         yield update
 
 
+def coverage_line(cov: dict[str, Any]) -> str:
+    """One line on memctl.coverage: the share of the windows' content words trained prompts ask for."""
+    if cov.get("objective") == "lm":
+        return "coverage  n/a: objective lm learns every window next-token"
+    kinds = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(cov.get("by_kind", {}).items()))
+    line = f"coverage  {100 * cov['mean']:.0f}% of the windows' content words are in a trained answer" + (
+        f" ({kinds})" if kinds else ""
+    )
+    if cov.get("uncovered"):
+        hint = "" if "study" in cov.get("by_kind", {}) else ": `memctl train --study N` covers them"
+        line += f"; {cov['uncovered']} of {cov['windows']} window(s) have none (learned next-token only{hint})"
+    return line
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

@@ -26,6 +26,7 @@ from ..errors import BankNotFound, BankStateError, InputError
 from ..tree import Tree
 from .blockfile import read_block, write_block
 from .migrations import migrate
+from .private import private_dir, touch_private
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -39,8 +40,12 @@ def memctl_home() -> Path:
 
 
 def check_name(name: str) -> str:
-    if not _NAME.match(name):
-        raise InputError(f"bad bank name {name!r}: use letters, digits, '_', '-' or '.' (max 64)")
+    """A bank name is one plain path component: no separator, no '..', no leading '.', not empty."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
+        raise InputError(
+            f"bad bank name {name!r}: use letters, digits, '_', '-' or '.', starting with a letter or digit, "
+            "without '..' (max 64)"
+        )
     return name
 
 
@@ -84,7 +89,7 @@ class Registry:
             raise BankStateError(f"bank {name!r} already exists at {final}")
         staging = final.with_name(f".{name}.staging{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+        private_dir(staging)  # 0700, and banks/ too when this is the first bank
         try:
             reg = cls(staging, name)
             reg.db["banks"].insert(
@@ -222,8 +227,9 @@ class Registry:
 
     def vacuum(self) -> None:
         """Rebuild the database file so deleted rows leave no bytes behind (secure_delete zeroes
-        freed pages; VACUUM drops them)."""
+        freed pages; VACUUM drops them), and empty the write-ahead log, whose old frames may hold them."""
         self.db.execute("VACUUM")
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def log(self, action: str, target: str, reason: str = "", detail: dict[str, Any] | None = None) -> None:
         """Record a privacy action (block, unblock, forget, export, import) with its time."""
@@ -236,15 +242,45 @@ class Registry:
         return sum(p.stat().st_size for p in d.glob("*.safetensors")) if d.is_dir() else 0
 
     def checkpoint_dir(self) -> Path:
-        p = self.path / "checkpoints"
-        p.mkdir(exist_ok=True)
-        return p
+        return private_dir(self.path / "checkpoints")
+
+
+BUSY_TIMEOUT_MS = 30_000  # how long a command waits for another one's write transaction
+
+
+class _Database(sqlite_utils.Database):
+    """sqlite-utils' Database whose transactions take the write lock when they begin (BEGIN
+    IMMEDIATE): a transaction that read first and then wrote could not wait for another writer in
+    WAL mode (its snapshot would be stale), it would fail at once with "database is locked"."""
+
+    @contextmanager
+    def atomic(self) -> Iterator[sqlite_utils.Database]:
+        if self.conn.in_transaction:
+            with super().atomic() as db:  # a savepoint inside the open transaction
+                yield db
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self
+        except BaseException:
+            self.rollback()
+            raise
+        try:
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.rollback()
+            raise
 
 
 def _connect(path: Path) -> sqlite_utils.Database:
-    """A connection with foreign keys enforced and deleted content overwritten (secure_delete), that
-    a worker thread may use too (the TUI runs library calls in one, serially)."""
-    db = sqlite_utils.Database(sqlite3.connect(str(path), check_same_thread=False))
+    """A connection in WAL mode (readers never wait for the writer) that waits up to 30 s for another
+    writer, with foreign keys enforced and deleted content overwritten (secure_delete), that a worker
+    thread may use too (the TUI runs library calls in one, serially). A new database file is 0600."""
+    touch_private(path)
+    conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+    db = _Database(conn)
+    db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA foreign_keys=ON")
     db.execute("PRAGMA secure_delete=ON")
     return db

@@ -22,6 +22,7 @@ from safetensors.torch import save as st_save
 
 from ..errors import IntegrityError
 from ..memory import PARTS
+from .private import private_dir, write_private
 
 SUFFIX = ".safetensors"
 MAX_HEADER = 1 << 20  # a block's header is a few hundred bytes; anything bigger is not ours
@@ -31,14 +32,9 @@ def write_block(directory: Path, stem: str, tensors: dict[str, torch.Tensor], me
     """Write to a temp file, fsync, rename to `stem.<sha16>.safetensors`. Returns (path, sha256)."""
     data = st_save({k: tensors[k].detach().contiguous().cpu() for k in PARTS}, metadata=meta)
     sha = hashlib.sha256(data).hexdigest()
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory)
     path = directory / f"{stem}.{sha[:16]}{SUFFIX}"
-    tmp = directory / f".{path.name}.tmp{os.getpid()}"
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_private(path, data)  # 0600: a block is distilled from private text
     return path, sha
 
 

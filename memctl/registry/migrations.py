@@ -90,7 +90,7 @@ def _m002_prompts(db: sqlite_utils.Database) -> None:
             "id": int,
             "window_id": int,
             "doc_id": str,
-            "kind": str,  # cloze | paraphrase
+            "kind": str,  # cloze | paraphrase | question (m006) | study (m007)
             "text": str,
             "answer": str,
             "path": str,  # the prompt's own route, comma-separated
@@ -172,6 +172,11 @@ def _m006_questions(db: sqlite_utils.Database) -> None:
     db["windows"].add_column("questioned", int, not_null_default=0)
 
 
+def _m007_study(db: sqlite_utils.Database) -> None:
+    """How many self-study continuations each window was asked for (memctl.study): 0 = none yet."""
+    db["windows"].add_column("studied", int, not_null_default=0)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_prompts,
@@ -179,6 +184,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m004_eval_runs,
     _m005_preserve,
     _m006_questions,
+    _m007_study,
 ]
 
 

@@ -1,0 +1,313 @@
+"""How much of a corpus the memories learn, on corpora in distinct styles and on question-form probes.
+
+Corpora (each built by its example script; none of their probes is written by memctl's prompt rules):
+
+* elements:  118 element documents from mendeleev (examples/elements); probes.jsonl and the
+             rephrased probes as the question-form set;
+* fictional: invented people and organisations in six prose styles (examples/fictional): facts no
+             anchor can know, the stand-in for private data; statement probes and "Question: ...?"
+             probes, in wording that appears in no document;
+* foldoc:    entries of the Free On-line Dictionary of Computing (Debian's dict-foldoc,
+             examples/foldoc), with probes written by hand before any training.
+
+Each corpus is ingested once, with its cloze prompts, their teacher cache and the preservation pool
+(the parts every variant shares; their seconds are reported apart). For each variant (a set of
+`memctl train` options; "cloze" is self-study off, "study4" is `--study 4`, ...) a copy of that bank
+is trained, then scored:
+anchor alone, open book (oracle-rag), fetched, rag and rag+fetched on the main probes, the same
+facts as questions, coverage, student tokens trained, wall time, and the perplexity of unrelated
+documents (Python docstrings) with the relevance gate on. Results go to DIR/corpora.json as each
+row is scored; running again with the same --out keeps scored rows (--fresh starts over).
+
+--subtree N trains only level-1 subtree N of each bank and scores only the probes of documents whose
+windows lie in it: a quicker, noisier reading of the same comparison (probes whose question routes
+outside the subtree meet untrained blocks and count as they come out).
+
+    python benchmarks/corpora.py [--corpora elements,fictional,foldoc] [--variants cloze,study4]
+        [--subtree N] [--entities 300] [--limit N] [--out demo-out/corpora] [--fresh]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+console = Console()
+HELDOUT = ROOT / "examples/elements/heldout.jsonl"  # unrelated text: Python docstrings
+VARIANTS: dict[str, list[str]] = {
+    "cloze": ["--study", "0"],
+    "study2": ["--study", "2"],
+    "study4": ["--study", "4"],
+    "study8": ["--study", "8"],
+}
+# corpus -> (build script, documents file, main probes, question-form probes)
+CORPORA: dict[str, tuple[str, str, str, str]] = {
+    "elements": ("examples/elements/build.py", "elements.jsonl", "probes.jsonl", "probes-rephrased.jsonl"),
+    "fictional": ("examples/fictional/build.py", "fictional.jsonl", "probes.jsonl", "probes-questions.jsonl"),
+    "foldoc": ("examples/foldoc/build.py", "foldoc.jsonl", "probes.jsonl", "probes-questions.jsonl"),
+}
+MAIN_SETUPS = "anchor,oracle-rag,fetched,rag,rag+fetched"
+QUESTION_SETUPS = "anchor,oracle-rag,fetched"
+
+
+def run(env: dict[str, str], args: list[str], log: Path) -> str:
+    """A command with its stdout captured and its stderr (progress lines) appended to `log`."""
+    console.print("$ " + " ".join(args), style="dim", highlight=False)
+    with log.open("a") as err:
+        proc = subprocess.run(args, env=env, text=True, stdout=subprocess.PIPE, stderr=err)
+    if proc.returncode:
+        sys.exit(f"{' '.join(args[:4])} ... failed with exit code {proc.returncode}; see {log}")
+    return proc.stdout
+
+
+def memctl(env: dict[str, str], log: Path, *args: str) -> str:
+    return run(env, [sys.executable, "-m", "memctl", *args], log)
+
+
+def subtree_probes(home: Path, bank: str, subtree: int, probes: Path, dest: Path) -> Path:
+    """The probes of documents with a window in level-1 subtree `subtree`."""
+    from memctl.registry import Registry
+
+    reg = Registry.open(bank, home)
+    try:
+        docs = {r[0] for r in reg.db.execute("select distinct doc_id from windows where l1 = ?", [subtree])}
+    finally:
+        reg.close()
+    lines = [ln for ln in probes.read_text().splitlines() if ln.strip() and json.loads(ln)["doc"] in docs]
+    dest.write_text("".join(ln + "\n" for ln in lines))
+    return dest
+
+
+def setups_of(out: str) -> dict[str, dict[str, Any]]:
+    d = json.loads(out)
+    return {r["setup"]: {k: r[k] for k in ("accuracy", "ci95", "correct", "n")} for r in d["setups"]}
+
+
+def prepare_base(corpus: str, data: Path, base: Path, log: Path, pool: int) -> dict[str, float]:
+    """A bank ingested once per corpus, with its cloze prompts, their teacher cache and the preservation
+    pool: what every variant shares, made once (variants copy it). Returns seconds per step."""
+    done = base / "base.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    shutil.rmtree(base, ignore_errors=True)
+    env = dict(os.environ, MEMCTL_HOME=str(base))
+    t0 = time.perf_counter()
+    memctl(env, log, "ingest", str(data / CORPORA[corpus][1]), "--id-field", "id", "--bank", corpus,
+           "--memory-layers", "last:10")  # fmt: skip
+    ingest_s = time.perf_counter() - t0
+    from memctl.distill import prepare
+    from memctl.preserve import prepare_pool
+    from memctl.registry import Registry
+    from memctl.train import load_bank_anchor
+
+    reg = Registry.open(corpus, base)
+    try:
+        anchor = load_bank_anchor(reg, base)
+        t1 = time.perf_counter()
+        prepare(reg, anchor)  # cloze prompts and their teacher: the same for every variant
+        teacher_s = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        prepare_pool(reg, anchor, None, pool)
+        pool_s = time.perf_counter() - t2
+    finally:
+        reg.close()
+    seconds = {"ingest": ingest_s, "cloze_teacher": teacher_s, "preserve_pool": pool_s}
+    done.write_text(json.dumps(seconds))
+    return seconds
+
+
+def score(
+    corpus: str,
+    variant: str,
+    base: Path,
+    data: Path,
+    home: Path,
+    log: Path,
+    subtree: int | None,
+    limit: int | None,
+    train_extra: list[str],
+) -> dict[str, Any]:
+    _, _, main_probes, question_probes = CORPORA[corpus]
+    env = dict(os.environ, MEMCTL_HOME=str(home))
+    shutil.rmtree(home, ignore_errors=True)
+    shutil.copytree(base, home)
+    t1 = time.perf_counter()
+    train_args = ["train", "--bank", corpus, *VARIANTS[variant], *train_extra]  # not --json: progress goes to the log
+    if subtree is not None:
+        train_args += ["--subtree", str(subtree)]
+    with log.open("a") as f:
+        f.write(memctl(env, log, *train_args))
+    train_s = time.perf_counter() - t1
+    info = json.loads(memctl(env, log, "info", "--bank", corpus, "--json"))
+    units = [r for r in info["runs"] if r["status"] == "done"]
+    probes, questions = data / main_probes, data / question_probes
+    if subtree is not None:
+        probes = subtree_probes(home, corpus, subtree, probes, home / "probes-subtree.jsonl")
+        questions = subtree_probes(home, corpus, subtree, questions, home / "questions-subtree.jsonl")
+    extra = ["--limit", str(limit)] if limit else []
+    t2 = time.perf_counter()
+    base = ["eval", "--bank", corpus, "--json", *extra]
+    main = setups_of(memctl(env, log, *base, "--probes", str(probes), "--setups", MAIN_SETUPS))
+    asked = setups_of(memctl(env, log, *base, "--probes", str(questions), "--setups", QUESTION_SETUPS))
+    ppl = json.loads(memctl(env, log, "eval", "--bank", corpus, "--json", "--setups", "anchor,fetched",
+                            "--perplexity", str(HELDOUT)))["perplexity"]  # fmt: skip
+    eval_s = time.perf_counter() - t2
+    fetched_ppl = next((r for r in ppl["rows"] if r["setup"] == "fetched"), {})
+    return {
+        "corpus": corpus,
+        "variant": variant,
+        "train_options": VARIANTS[variant] + train_extra,
+        "subtree": subtree,
+        "main": main,
+        "questions": asked,
+        "coverage": info.get("coverage"),
+        "prompts_by_kind": prompts_by_kind(home, corpus),
+        "tokens_trained": sum(u["tokens"] for u in units),
+        "units": [{k: u.get(k) for k in ("unit", "steps", "tokens", "seconds")} for u in units],
+        "corpus_tokens": corpus_tokens(home, corpus, subtree),
+        "perplexity_vs_anchor": fetched_ppl.get("ratio_to_anchor"),
+        "seconds": {"train": train_s, "eval": eval_s},
+    }
+
+
+def prompts_by_kind(home: Path, bank: str) -> dict[str, int]:
+    from memctl.registry import Registry
+
+    reg = Registry.open(bank, home)
+    try:
+        return {k: n for k, n in reg.db.execute("select kind, count(*) from prompts group by kind")}
+    finally:
+        reg.close()
+
+
+def corpus_tokens(home: Path, bank: str, subtree: int | None) -> int:
+    from memctl.registry import Registry
+
+    reg = Registry.open(bank, home)
+    try:
+        sql = "select coalesce(sum(n_tokens), 0) from windows" + (" where l1 = ?" if subtree is not None else "")
+        return int(reg.db.execute(sql, [subtree] if subtree is not None else []).fetchone()[0])
+    finally:
+        reg.close()
+
+
+def pct(r: dict[str, Any] | None) -> str:
+    return f"{100 * r['accuracy']:.1f}%" if r else "-"
+
+
+def share(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
+    return f"{100 * a['accuracy'] / b['accuracy']:.0f}%" if a and b and b["accuracy"] else "-"
+
+
+def table(rows: dict[str, dict[str, Any]]) -> Table:
+    t = Table(title="memories on corpora in distinct styles (accuracy; 'of OB' = share of the open-book ceiling)")
+    cols = ["corpus", "variant", "probes", "anchor", "open book", "fetched", "of OB", "rag", "rag+fetched",
+            "questions: anchor", "open book", "fetched", "of OB", "coverage", "tokens trained",
+            "per corpus token", "train s", "ppl vs anchor"]  # fmt: skip
+    for c in cols:
+        t.add_column(c, justify="right")
+    for r in rows.values():
+        m, q = r["main"], r["questions"]
+        cov = r.get("coverage") or {}
+        ppl = r.get("perplexity_vs_anchor")
+        t.add_row(
+            r["corpus"] + (f" (subtree {r['subtree']})" if r.get("subtree") is not None else ""),
+            r["variant"],
+            str(m["fetched"]["n"]),
+            pct(m.get("anchor")),
+            pct(m.get("oracle-rag")),
+            pct(m.get("fetched")),
+            share(m.get("fetched"), m.get("oracle-rag")),
+            pct(m.get("rag")),
+            pct(m.get("rag+fetched")),
+            pct(q.get("anchor")),
+            pct(q.get("oracle-rag")),
+            pct(q.get("fetched")),
+            share(q.get("fetched"), q.get("oracle-rag")),
+            f"{100 * cov['mean']:.0f}%" if "mean" in cov else "-",
+            f"{r['tokens_trained']:,}",
+            f"{r['tokens_trained'] / max(1, r['corpus_tokens']):.1f}",
+            f"{r['seconds']['train']:.0f}",
+            f"{100 * (ppl - 1):+.1f}%" if ppl is not None else "-",
+        )
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpora", default="elements,fictional,foldoc")
+    ap.add_argument("--variants", default="cloze,study4", help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--subtree", type=int, default=None, help="train and score one level-1 subtree only")
+    ap.add_argument("--entities", type=int, default=300, help="fictional corpus: invented entities")
+    ap.add_argument("--limit", type=int, default=None, help="score a reproducible sample of N probes")
+    ap.add_argument("--train-args", default="", help="more `memctl train` options for every variant, quoted")
+    ap.add_argument("--out", default=str(ROOT / "demo-out" / "corpora"))
+    ap.add_argument("--fresh", action="store_true", help="drop earlier results under --out")
+    a = ap.parse_args()
+    out = Path(a.out)
+    if a.fresh and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    state_file = out / "corpora.json"
+    rows: dict[str, dict[str, Any]] = json.loads(state_file.read_text()) if state_file.exists() else {}
+    log = out / "progress.log"
+    corpora = [c.strip() for c in a.corpora.split(",") if c.strip()]
+    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+    for name in corpora + variants:
+        if name not in CORPORA and name not in VARIANTS:
+            sys.exit(
+                f"unknown corpus or variant {name!r}: corpora {', '.join(CORPORA)}; variants {', '.join(VARIANTS)}"
+            )
+    for corpus in corpora:
+        script, docs, _, _ = CORPORA[corpus]
+        data = out / "data" / corpus
+        if not (data / docs).is_file():
+            build = [sys.executable, str(ROOT / script), "--out", str(data)]
+            if corpus == "fictional":
+                build += ["--entities", str(a.entities)]
+            run(dict(os.environ), build, log)
+        pool = 1024  # memctl's default --preserve-pool, unless --train-args says otherwise
+        extra = a.train_args.split()
+        if "--preserve-pool" in extra:
+            pool = int(extra[extra.index("--preserve-pool") + 1])
+        base = out / "homes" / f"{corpus}-base-pool{pool}"
+        for variant in variants:
+            key = f"{corpus}/{variant}" + (f"/subtree{a.subtree}" if a.subtree is not None else "")
+            key += f" {a.train_args}" if a.train_args else ""
+            if key in rows:
+                console.print(f"{key}: scored before, kept")
+                continue
+            console.rule(key)
+            t0 = time.perf_counter()
+            home = out / "homes" / key.replace("/", "-").replace(" ", "")
+            shared = prepare_base(corpus, data, base, log, pool)
+            rows[key] = score(corpus, variant, base, data, home, log, a.subtree, a.limit, a.train_args.split())
+            rows[key]["seconds"].update({f"shared_{k}": v for k, v in shared.items()})
+            rows[key]["seconds"]["total"] = time.perf_counter() - t0 + sum(shared.values())
+            rows[key]["commit"] = commit()
+            state_file.write_text(json.dumps(rows, indent=2))
+            console.print(table({key: rows[key]}))
+    console.print(table({k: v for k, v in rows.items() if k.split("/")[0] in corpora}))
+    console.print(f"results: {state_file}")
+
+
+def commit() -> str:
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True, capture_output=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, text=True,
+                           capture_output=True).stdout.strip()  # fmt: skip
+    return proc.stdout.strip() + ("+dirty" if dirty else "")
+
+
+if __name__ == "__main__":
+    main()

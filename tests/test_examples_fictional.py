@@ -1,0 +1,112 @@
+"""examples/fictional/build.py: a deterministic corpus of invented facts, with probes worded unlike any document."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+BUILD = Path(__file__).resolve().parents[1] / "examples" / "fictional" / "build.py"
+FILES = ("fictional.jsonl", "probes.jsonl", "probes-questions.jsonl")
+
+
+def run(out: Path, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(BUILD), "--out", str(out), *args], capture_output=True, text=True, check=True
+    )
+    return done.stdout
+
+
+def load(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def whole_word(answer: str, text: str) -> bool:
+    return re.search(r"(?<!\w)" + re.escape(answer) + r"(?!\w)", text) is not None
+
+
+def ngrams(text: str) -> set[tuple[str, ...]]:
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    return {tuple(words[i : i + 4]) for i in range(len(words) - 3)}
+
+
+def style_of(text: str) -> str:
+    if "\nQ: " in text:
+        return "qa"
+    if text.startswith("MEMO\n"):
+        return "memo"
+    if " | " in text:
+        return "table"
+    if "\n- " in text:
+        return "bullets"
+    if text.startswith("name: "):
+        return "record"
+    return "narrative"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("fictional")
+    return out, run(out)
+
+
+def test_deterministic(built: tuple[Path, str], tmp_path: Path) -> None:
+    out, stdout = built
+    again = tmp_path / "again"
+    assert run(again).replace(str(again), str(out)) == stdout
+    for name in FILES:
+        assert (out / name).read_bytes() == (again / name).read_bytes(), name
+    other = tmp_path / "other"
+    run(other, "--seed", "1", "--entities", "30")
+    assert (other / "fictional.jsonl").read_bytes() != (out / "fictional.jsonl").read_bytes()
+
+
+def test_documents(built: tuple[Path, str]) -> None:
+    out, stdout = built
+    docs = load(out / "fictional.jsonl")
+    assert all(set(d) == {"id", "title", "text"} for d in docs)
+    ids = [d["id"] for d in docs]
+    assert len(set(ids)) == len(ids)
+    per_entity = Counter(d["title"] for d in docs)
+    assert len(per_entity) >= 300
+    assert "entities: 300" in stdout
+    twice = sum(n == 2 for n in per_entity.values())
+    assert 0 < twice < len(per_entity) and max(per_entity.values()) == 2
+    styles = Counter(style_of(d["text"]) for d in docs)
+    assert len(styles) >= 4, styles
+    words = [len(re.findall(r"\w+(?:[-'’,./]\w+)*", d["text"])) for d in docs]
+    assert 40 <= min(words) and max(words) <= 120
+
+
+def test_probes(built: tuple[Path, str]) -> None:
+    out, _ = built
+    docs = load(out / "fictional.jsonl")
+    by_id = {d["id"]: d for d in docs}
+    texts_of: dict[str, list[str]] = {}
+    for d in docs:
+        texts_of.setdefault(d["title"], []).append(d["text"])
+    doc_grams = set().union(*(ngrams(d["text"]) for d in docs))
+    statements, questions = load(out / "probes.jsonl"), load(out / "probes-questions.jsonl")
+    assert len(statements) == len(questions) > 0
+    kinds = Counter(p["kind"] for p in statements)
+    people = {"birth_year", "birth_city", "employer", "role"}
+    orgs = {"founding_year", "headquarters", "founder"}
+    assert set(kinds) == people | orgs
+    for s, q in zip(statements, questions, strict=True):
+        assert (s["doc"], s["kind"], s["answers"]) == (q["doc"], q["kind"], q["answers"])
+        assert q["prompt"].startswith("Question: ") and q["prompt"].endswith("?\nAnswer:")
+    for p in statements + questions:
+        doc = by_id[p["doc"]]
+        answers = p["answers"]
+        assert answers and all(1 <= len(a.split()) <= 3 for a in answers)
+        for text in texts_of[doc["title"]]:  # every rendering of the entity states the fact the same way
+            assert all(whole_word(a, text) for a in answers), (p, text)
+        name = doc["title"]
+        assert name in p["prompt"]
+        prompt_grams = set().union(*(ngrams(part) for part in p["prompt"].split(name)))
+        assert not prompt_grams & doc_grams, (p["prompt"], prompt_grams & doc_grams)

@@ -1,0 +1,226 @@
+"""Self-study continuations, the cloze span rules for other styles of text, and coverage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tiny import level2_blocks_touched
+
+from memctl.anchor import load_anchor
+from memctl.bank import ingest
+from memctl.batches import kd_targets, load_samples, prompt_samples
+from memctl.coverage import bank_coverage, content_words, window_coverage
+from memctl.distill import TEACHER_SEPARATOR, TOPK, prepare
+from memctl.embed import get_embedder
+from memctl.prompts import prompts_for
+from memctl.registry import Registry
+from memctl.study import STUDY, pick_seeds, seeds_for, subject_of, teacher_context
+from memctl.tree import route
+
+
+def _answers(text: str, subject: str) -> dict[str, str]:
+    return {p.text: p.answer for p in prompts_for(text, subject)}
+
+
+def test_span_rules_cover_hyphenated_years() -> None:
+    got = _answers(
+        "Jane Q. Example (also known as Example): English theologian and writer (1801-1882).", "Jane Q. Example"
+    )
+    assert got["Jane Q. Example (also known as Example): English theologian and writer"] == "1801"
+    assert got["Jane Q. Example (also known as Example): English theologian and writer (1801-"] == "1882"
+    # an en dash too; a number glued to a word by a hyphen is not a span
+    assert (
+        _answers("Tomas Vey, a Danish printer (1675–1741).", "Tomas Vey")["Tomas Vey, a Danish printer (1675–"]
+        == "1741"
+    )
+    assert "19" not in _answers("The COVID-19 outbreak reached the town of Lemberg in spring.", "Lemberg").values()
+
+
+def test_span_rules_cover_a_noun_phrase_after_a_copula() -> None:
+    got = _answers("Jane Q. Example is a theologian, writer. She was an English composer of hymns.", "Jane Q. Example")
+    assert got["Jane Q. Example is a"] == "theologian"
+    assert got["Jane Q. Example was an"] == "English composer"  # the pronoun takes the subject
+
+
+def test_span_rules_cover_parentheticals_dates_and_list_items() -> None:
+    got = _answers("The Orrick Bridge (locally called Kessel) spans the Vane river.", "Orrick Bridge")
+    assert got["The Orrick Bridge (locally called"] == "Kessel"
+    got = _answers("Velma Orrick was born on 14 March 1962 in Brantholm.", "Velma Orrick")
+    assert got["Velma Orrick was born on"] == "14 March 1962"  # a whole date, not its first number
+    assert got["Velma Orrick was born on 14 March"] == "1962"
+    assert _answers("Founded on March 4, 1921 by Ada Wren.", "Quorvane")["Quorvane was founded on"] == "March 4, 1921"
+    got = _answers("Profile\n- Born: 1962-03-14\n- Employer: Quorvane Systems\n- Role: archivist", "Velma Orrick")
+    assert got["Velma Orrick, born:"] == "1962-03-14"
+    assert got["Velma Orrick, employer:"] == "Quorvane Systems"
+    assert got["Velma Orrick, role:"] == "archivist"
+    got = _answers("Q: Where is Quorvane based?\nA: Brantholm.\nQ: Who founded it?\nA: Ada Wren.", "Quorvane")
+    assert got["Q: Where is Quorvane based? A:"] == "Brantholm"
+    assert got["Q: Who founded it? A:"] == "Ada Wren"
+    got = _answers("Field | Value\nFounded | 1921\nHeadquarters | Eskerfall", "Quorvane")
+    assert got == {"Quorvane, founded:": "1921", "Quorvane, headquarters:": "Eskerfall"}  # no header row
+
+
+def test_coverage_on_a_hand_made_window() -> None:
+    window = "Velma Orrick is a tide engineer. She was born in Brantholm in 1962."
+    # content tokens: velma orrick tide engineer born brantholm 1962 (is, a, she, was, in: stop words)
+    assert content_words(window) == ["velma", "orrick", "tide", "engineer", "born", "brantholm", "1962"]
+    assert window_coverage(window, []) == 0.0
+    assert window_coverage(window, ["tide engineer", "1962"]) == 3 / 7
+    assert window_coverage(window, ["Velma Orrick, born in Brantholm, is a tide engineer since 1962."]) == 1.0
+    assert window_coverage("It is what it was.", ["anything"]) is None  # nothing to cover
+
+
+def _studied(home: Path, corpus: Path, tiny_anchor: Path, per_window: int = 3) -> tuple[Registry, object]:
+    ingest("s", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    reg = Registry.open("s", home)
+    anchor = load_anchor(str(tiny_anchor), home)
+    report = prepare(reg, anchor, study=per_window)
+    assert report.study_added > 0
+    return reg, anchor
+
+
+def test_seeds_name_the_subject_in_raw_and_chat_form(tiny_anchor: Path, home: Path) -> None:
+    anchor = load_anchor(str(tiny_anchor), home)
+    assert subject_of("", "Quorvane Systems is a maker of tide gauges.") == "Quorvane Systems"
+    assert subject_of("Neon", "Neon is a gas.") == "Neon"
+    seeds = seeds_for(anchor.tokenizer, "Neon")
+    assert all("Neon" in s.text and "Neon" in s.query and s.chat for s in seeds)
+    picked = pick_seeds(seeds, 4)
+    assert len(picked) == 4 and len({s.text for s in picked}) == 4
+
+
+def test_study_continuations_are_cached_with_provenance_and_leave_with_their_document(
+    home: Path, corpus: Path, tiny_anchor: Path
+) -> None:
+    reg, anchor = _studied(home, corpus, tiny_anchor)
+    tok = anchor.tokenizer
+    rows = list(
+        reg.db.query(
+            "select p.*, w.text as wtext, w.doc_id as wdoc, w.studied from prompts p "
+            "join windows w on w.id = p.window_id where p.kind = ?",
+            [STUDY],
+        )
+    )
+    assert rows and all(r["doc_id"] == r["wdoc"] and r["studied"] == 3 and r["held_out"] == 0 for r in rows)
+    emb = get_embedder(reg.config.embedder)
+    for r in rows[:6]:
+        ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
+        assert ids[: r["n_prompt"]] == tok(r["text"], add_special_tokens=False)["input_ids"]
+        # the cached top-k is the open-book teacher's (window and question in one turn), at every
+        # continuation token and the one after
+        title = reg.db.execute("select title from documents where id = ?", [r["doc_id"]]).fetchone()[0] or ""
+        seed = {s.text: s for s in seeds_for(tok, subject_of(title, r["wtext"]))}[r["text"]]
+        prefix, (suffix,) = teacher_context(tok, r["wtext"], [seed], TEACHER_SEPARATOR)
+        assert r["wtext"] in prefix and seed.query in suffix and seed.chat
+        w = tok(prefix, add_special_tokens=False)["input_ids"] + tok(suffix, add_special_tokens=False)["input_ids"]
+        cont = ids[r["n_prompt"] :]
+        with torch.no_grad():
+            logp = F.log_softmax(anchor.model(torch.tensor([w + cont])).logits[0].float(), -1)
+        top = logp[torch.arange(len(w) - 1, len(w) + len(cont))].topk(TOPK, dim=-1)
+        n = len(ids) - r["n_prompt"] + 1
+        assert np.array_equal(np.frombuffer(r["topk_idx"], dtype=np.int32).reshape(n, TOPK), top.indices.numpy())
+        got = np.frombuffer(r["topk_logp"], dtype=np.float32).reshape(n, TOPK)
+        assert np.allclose(got, top.values.numpy(), atol=1e-4)
+        # routed from its seed as a user would type it (no chat markup)
+        assert r["path"] == ",".join(map(str, route(reg.load_tree(), emb.encode([seed.query]))[0]))
+    again = prepare(reg, anchor, study=3)
+    assert again.study_added == 0  # sampled once per window
+    # trained only when asked for
+    with_study = {s.key for u in ("0", "1") for s in prompt_samples(reg, u, study=True)}
+    without = {s.key for u in ("0", "1") for s in prompt_samples(reg, u)}
+    assert without < with_study and all(f"p{r['id']}" not in without for r in rows)
+    doc = rows[0]["doc_id"]
+    reg.remove_documents([doc])  # what `forget` removes a document with
+    assert reg.db.execute("select count(*) from prompts where doc_id = ?", [doc]).fetchone()[0] == 0
+    assert reg.db.execute("select count(*) from prompts where kind = ?", [STUDY]).fetchone()[0] > 0
+
+
+def test_dense_kl_on_a_continuation_reaches_only_the_blocks_on_its_route(
+    home: Path, corpus: Path, tiny_anchor: Path
+) -> None:
+    reg, anchor = _studied(home, corpus, tiny_anchor)
+    samples = [s for s in prompt_samples(reg, "0", study=True) if s.key in _study_keys(reg)][:3]
+    assert samples and all(s.topk_idx.shape[0] == len(s.ids) - s.n_prompt + 1 for s in samples)  # every token
+    assert kd_targets(samples)[0].shape[0] == sum(len(s.ids) - s.n_prompt + 1 for s in samples)
+    touched, routed = level2_blocks_touched(anchor, samples)
+    assert touched == routed
+
+
+def _study_keys(reg: Registry) -> set[str]:
+    return {f"p{r[0]}" for r in reg.db.execute("select id from prompts where kind = ?", [STUDY])}
+
+
+def test_coverage_counts_study_only_when_it_is_trained(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    reg, anchor = _studied(home, corpus, tiny_anchor)
+    cloze = bank_coverage(reg)
+    both = bank_coverage(reg, study=True)
+    assert cloze.windows == both.windows == reg.count("windows")
+    assert 0.0 <= cloze.mean <= both.mean <= 1.0 and "study" in both.by_kind and "study" not in cloze.by_kind
+    assert len(both.uncovered) <= len(cloze.uncovered)
+    # a window whose document is learned next-token under distill has no prompt: it is uncovered by prompts
+    samples = {s.key for u in ("0", "1") for s in load_samples(reg, anchor, u, "distill")}
+    for wid, _doc in cloze.uncovered:
+        if not reg.db.execute(
+            "select count(*) from prompts where window_id = ? and kind != ?", [wid, STUDY]
+        ).fetchone()[0]:
+            assert f"w{wid}" in samples
+
+
+def test_train_info_and_the_eval_report_show_coverage_and_flag_uncovered_windows(
+    home: Path, corpus: Path, tiny_anchor: Path, tmp_path: Path
+) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from memctl.cli import app
+
+    (corpus / "plain").mkdir()
+    (corpus / "plain" / "rivers.txt").write_text("Quiet rivers run slowly through green valleys and old forests.")
+    ingest("c", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    runner = CliRunner()
+    res = runner.invoke(app, ["train", "--bank", "c", "--epochs", "1", "--preserve", "0", "--json"])
+    assert res.exit_code == 0, res.output
+    cov = json.loads(res.output)["prepare"]["coverage"]
+    assert 0 < cov["mean"] < 1 and cov["uncovered"] >= 1
+    assert {"doc": "plain/rivers.txt"} in [{"doc": w["doc"]} for w in cov["uncovered_windows"]]
+    res = runner.invoke(app, ["info", "--bank", "c"])
+    assert res.exit_code == 0 and "coverage" in res.output and "--study N" in res.output
+    probes = tmp_path / "p.jsonl"
+    probes.write_text(
+        json.dumps({"doc": "gases/1.txt", "prompt": "Neon is a noble gas that glows", "answers": ["red"]})
+    )
+    report = tmp_path / "report"
+    res = runner.invoke(
+        app, ["eval", "--bank", "c", "--probes", str(probes), "--setups", "fetched", "--report", str(report)]
+    )
+    assert res.exit_code == 0, res.output
+    md = (report / "report.md").read_text()
+    assert "## Coverage" in md and "have no coverage" in md and "| plain/rivers.txt |" in md
+
+
+def test_bad_study_count_is_a_one_line_error_and_trains_nothing(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    from typer.testing import CliRunner
+
+    from memctl.cli import app
+
+    ingest("v", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    for bad in ("-1", "33"):
+        res = CliRunner().invoke(app, ["train", "--bank", "v", "--study", bad])
+        assert res.exit_code != 0 and "Traceback" not in res.output
+        assert res.output.strip().count("\n") == 0 and "--study must be between 0 and 32" in res.output
+    reg = Registry.open("v", home)
+    assert reg.count("prompts") == 0 and reg.db.execute("select count(*) from runs").fetchone()[0] == 0
+
+
+def test_a_range_answer_is_taught_without_a_space_after_its_hyphen(tiny_anchor: Path, home: Path) -> None:
+    from memctl.distill import _answer_ids
+
+    tok = load_anchor(str(tiny_anchor), home).tokenizer
+    prompt = "Tomas Vey, a Danish printer (1675-"
+    assert tok("1741", add_special_tokens=False)["input_ids"] != tok(" 1741", add_special_tokens=False)["input_ids"]
+    assert _answer_ids(tok, "1741", "cloze", prompt) == tok("1741", add_special_tokens=False)["input_ids"]
+    assert _answer_ids(tok, "1741", "cloze", "Tomas Vey died in") == tok(" 1741", add_special_tokens=False)["input_ids"]
