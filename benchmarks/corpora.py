@@ -111,14 +111,24 @@ def prepare_base(corpus: str, data: Path, base: Path, log: Path, pool: int) -> d
     from memctl.registry import Registry
     from memctl.train import load_bank_anchor
 
+    started: dict[str, tuple[float, int]] = {}
+
+    def progress(stage: str, done: int, total: int) -> None:  # a line per 10% to the log, with rate and ETA
+        t, n = started.setdefault(stage, (time.perf_counter(), done))
+        if done == total or done % max(1, total // 10) == 0:
+            rate = (done - n) / max(time.perf_counter() - t, 1e-9)
+            eta = f", ETA {(total - done) / rate:.0f}s" if rate > 0 else ""
+            with log.open("a") as f:
+                f.write(f"{corpus} base: {stage} {done}/{total} ({rate:.2f}/s{eta})\n")
+
     reg = Registry.open(corpus, base)
     try:
         anchor = load_bank_anchor(reg, base)
         t1 = time.perf_counter()
-        prepare(reg, anchor)  # cloze prompts and their teacher: the same for every variant
+        prepare(reg, anchor, progress)  # cloze prompts and their teacher: the same for every variant
         teacher_s = time.perf_counter() - t1
         t2 = time.perf_counter()
-        prepare_pool(reg, anchor, None, pool)
+        prepare_pool(reg, anchor, progress, pool)
         pool_s = time.perf_counter() - t2
     finally:
         reg.close()
@@ -171,7 +181,7 @@ def score(
         "subtree": subtree,
         "main": main,
         "questions": asked,
-        "coverage": info.get("coverage"),
+        "coverage": subtree_coverage(home, corpus, subtree, variant) if subtree is not None else info.get("coverage"),
         "prompts_by_kind": prompts_by_kind(home, corpus),
         "tokens_trained": sum(u["tokens"] for u in units),
         "units": [{k: u.get(k) for k in ("unit", "steps", "tokens", "seconds")} for u in units],
@@ -179,6 +189,19 @@ def score(
         "perplexity_vs_anchor": fetched_ppl.get("ratio_to_anchor"),
         "seconds": {"train": train_s, "eval": eval_s},
     }
+
+
+def subtree_coverage(home: Path, bank: str, subtree: int, variant: str) -> dict[str, Any]:
+    """Coverage (memctl.coverage) of the trained subtree's windows alone."""
+    from memctl.coverage import bank_coverage
+    from memctl.registry import Registry
+
+    reg = Registry.open(bank, home)
+    try:
+        study = "--study" in VARIANTS[variant] and VARIANTS[variant][VARIANTS[variant].index("--study") + 1] != "0"
+        return bank_coverage(reg, study=study, l1=subtree).to_dict()
+    finally:
+        reg.close()
 
 
 def prompts_by_kind(home: Path, bank: str) -> dict[str, int]:

@@ -320,6 +320,9 @@ def info(name: str, home: Path | None = None, allow: frozenset[str] | None = Non
     }
 
 
+COVERAGE_SAMPLE = 4096  # windows `info` and `eval` read for coverage (train reads every window)
+
+
 def coverage_report(reg: Registry, runs: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """Coverage (memctl.coverage) by the prompts the last finished run trained on; None before prompts."""
     if runs is None:
@@ -333,7 +336,9 @@ def coverage_report(reg: Registry, runs: list[dict[str, Any]] | None = None) -> 
     tcfg = train_config_from_json(done[-1]["config"]) if done else None
     if tcfg is not None and tcfg.objective == "lm":
         return {"objective": "lm"}  # next-token training learns every window itself: nothing to cover
-    cov = bank_coverage(reg, questions=bool(tcfg and tcfg.questions), study=bool(tcfg and tcfg.study))
+    cov = bank_coverage(
+        reg, questions=bool(tcfg and tcfg.questions), study=bool(tcfg and tcfg.study), sample=COVERAGE_SAMPLE
+    )
     return cov.to_dict()
 
 

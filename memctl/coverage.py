@@ -48,6 +48,7 @@ class Coverage:
     windows: int  # windows with content tokens
     uncovered: list[tuple[int, str]] = field(default_factory=list)  # (window id, doc id) with coverage 0
     by_kind: dict[str, float] = field(default_factory=dict)  # the same mean from one kind of prompt alone
+    sampled: bool = False  # measured on an even sample of the windows
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -56,36 +57,46 @@ class Coverage:
             "uncovered": len(self.uncovered),
             "uncovered_windows": [{"window": w, "doc": d} for w, d in self.uncovered[:50]],
             "by_kind": self.by_kind,
+            "sampled": self.sampled,
         }
 
 
-def bank_coverage(reg: Registry, questions: bool = False, study: bool = False) -> Coverage:
-    """Coverage of every window by the prompts the student trains on (never the held-out ones): cloze
-    and paraphrase answers, anchor-written questions' answers with `questions`, self-study
-    continuations with `study`."""
+def bank_coverage(
+    reg: Registry, questions: bool = False, study: bool = False, l1: int | None = None, sample: int | None = None
+) -> Coverage:
+    """Coverage of every window (of level-1 subtree `l1`, when given) by the prompts the student trains
+    on (never the held-out ones): cloze and paraphrase answers, anchor-written questions' answers with
+    `questions`, self-study continuations with `study`. With `sample`, at most that many windows,
+    spread evenly over the table (`Coverage.sampled`): what `info` and `eval` read on a large bank."""
     left_out = ([] if questions else ["question"]) + ([] if study else ["study"])
-    answers: dict[int, list[tuple[str, str]]] = {}
-    sql = "select window_id, kind, answer from prompts where held_out = 0" + " and kind != ?" * len(left_out)
-    for r in reg.db.query(sql, left_out):
-        answers.setdefault(r["window_id"], []).append((r["kind"], r["answer"] or ""))
-    present = sorted({k for rows in answers.values() for k, _ in rows})
-    total = 0
-    covered = 0.0
-    per_kind = dict.fromkeys(present, 0.0)
+    only = "" if l1 is None else f" where l1 = {int(l1)}"
+    ids = [r[0] for r in reg.db.execute("select id from windows" + only + " order by id")]
+    picked = ids if sample is None or len(ids) <= sample else [ids[i * len(ids) // sample] for i in range(sample)]
+    total, covered, n = 0, 0.0, 0
+    per_kind: dict[str, float] = {}
     uncovered: list[tuple[int, str]] = []
-    n = 0
-    for w in reg.db.query("select id, doc_id, text from windows order by id"):
-        words = content_words(w["text"])
-        if not words:
-            continue
-        mine = answers.get(w["id"], [])
-        c = window_coverage(w["text"], (a for _, a in mine)) or 0.0
-        n += 1
-        total += len(words)
-        covered += c * len(words)
-        for k in present:
-            per_kind[k] += (window_coverage(w["text"], (a for kk, a in mine if kk == k)) or 0.0) * len(words)
-        if c == 0.0:
-            uncovered.append((int(w["id"]), str(w["doc_id"])))
-    mean = covered / total if total else 0.0
-    return Coverage(mean, n, uncovered, {k: v / total for k, v in per_kind.items()} if total else {})
+    kinds_sql = " and kind != ?" * len(left_out)
+    for s in range(0, len(picked), 500):
+        chunk = picked[s : s + 500]
+        marks = ",".join("?" * len(chunk))
+        seen: dict[int, dict[str, set[str]]] = {}  # window -> kind -> words of its answers
+        sql = f"select window_id, kind, answer from prompts where held_out = 0 and window_id in ({marks})" + kinds_sql
+        for wid, kind, answer in reg.db.execute(sql, [*chunk, *left_out]):
+            seen.setdefault(wid, {}).setdefault(kind, set()).update(content_words(answer or ""))
+        for wid, doc, text in reg.db.execute(f"select id, doc_id, text from windows where id in ({marks})", chunk):
+            words = content_words(text)
+            if not words:
+                continue
+            mine = seen.get(wid, {})
+            union = set().union(*mine.values()) if mine else set()
+            c = sum(w in union for w in words)
+            n += 1
+            total += len(words)
+            covered += c
+            for k, ws in mine.items():
+                per_kind[k] = per_kind.get(k, 0.0) + sum(w in ws for w in words)
+            if c == 0:
+                uncovered.append((int(wid), str(doc)))
+    uncovered.sort()
+    by_kind = {k: v / total for k, v in sorted(per_kind.items())} if total else {}
+    return Coverage(covered / total if total else 0.0, n, uncovered, by_kind, sampled=len(picked) < len(ids))

@@ -160,6 +160,10 @@ def test_coverage_counts_study_only_when_it_is_trained(home: Path, corpus: Path,
     assert cloze.windows == both.windows == reg.count("windows")
     assert 0.0 <= cloze.mean <= both.mean <= 1.0 and "study" in both.by_kind and "study" not in cloze.by_kind
     assert len(both.uncovered) <= len(cloze.uncovered)
+    few = bank_coverage(reg, study=True, sample=3)  # an even sample of the windows
+    assert few.windows == 3 and few.sampled and not both.sampled
+    sub = bank_coverage(reg, study=True, l1=0)  # one level-1 subtree's windows
+    assert sub.windows == reg.db.execute("select count(*) from windows where l1 = 0").fetchone()[0] < both.windows
     # a window whose document is learned next-token under distill has no prompt: it is uncovered by prompts
     samples = {s.key for u in ("0", "1") for s in load_samples(reg, anchor, u, "distill")}
     for wid, _doc in cloze.uncovered:

@@ -109,7 +109,8 @@ def coverage_line(cov: dict[str, Any]) -> str:
     if cov.get("objective") == "lm":
         return "coverage  n/a: objective lm learns every window next-token"
     kinds = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(cov.get("by_kind", {}).items()))
-    line = f"coverage  {100 * cov['mean']:.0f}% of the windows' content words are in a trained answer" + (
+    which = f"a sample of {cov['windows']:,} windows'" if cov.get("sampled") else "the windows'"
+    line = f"coverage  {100 * cov['mean']:.0f}% of {which} content words are in a trained answer" + (
         f" ({kinds})" if kinds else ""
     )
     if cov.get("uncovered"):
