@@ -108,20 +108,19 @@ def prepare_base(corpus: str, data: Path, base: Path, log: Path, pool: int) -> d
     memctl(env, log, "ingest", str(data / CORPORA[corpus][1]), "--id-field", "id", "--bank", corpus,
            "--memory-layers", "last:10")  # fmt: skip
     ingest_s = time.perf_counter() - t0
+    from memctl.cli.common import Rates
     from memctl.distill import prepare
     from memctl.preserve import prepare_pool
     from memctl.registry import Registry
     from memctl.train import load_bank_anchor
 
-    started: dict[str, tuple[float, int]] = {}
+    rates = Rates()
 
     def progress(stage: str, done: int, total: int) -> None:  # a line per 10% to the log, with rate and ETA
-        t, n = started.setdefault(stage, (time.perf_counter(), done))
+        pace = rates(stage, done, total)
         if done == total or done % max(1, total // 10) == 0:
-            rate = (done - n) / max(time.perf_counter() - t, 1e-9)
-            eta = f", ETA {(total - done) / rate:.0f}s" if rate > 0 else ""
             with log.open("a") as f:
-                f.write(f"{corpus} base: {stage} {done}/{total} ({rate:.2f}/s{eta})\n")
+                f.write(f"{corpus} base: {stage} {done}/{total}{pace}\n")
 
     reg = Registry.open(corpus, base)
     try:

@@ -62,10 +62,15 @@ def _teacher(row: dict[str, Any], n_pos: int) -> tuple[torch.Tensor, torch.Tenso
     return torch.from_numpy(idx), torch.from_numpy(logp)
 
 
+def untrained_kinds(questions: bool, study: bool) -> list[str]:
+    """Prompt kinds a run does not train on: anchor-written questions without `questions`, self-study
+    continuations without `study` (what training loads and what coverage counts)."""
+    return ([] if questions else [QUESTION]) + ([] if study else [STUDY])
+
+
 def _left_out(questions: bool, study: bool) -> str:
     """SQL condition on `p.kind` leaving out the kinds a run does not train on."""
-    kinds = ([] if questions else [QUESTION]) + ([] if study else [STUDY])
-    return "".join(f" and p.kind != '{k}'" for k in kinds)
+    return "".join(f" and p.kind != '{k}'" for k in untrained_kinds(questions, study))
 
 
 def prompt_samples(reg: Registry, unit: str, questions: bool = False, study: bool = False) -> list[Sample]:

@@ -68,7 +68,9 @@ def bank_coverage(
     on (never the held-out ones): cloze and paraphrase answers, anchor-written questions' answers with
     `questions`, self-study continuations with `study`. With `sample`, at most that many windows,
     spread evenly over the table (`Coverage.sampled`): what `info` and `eval` read on a large bank."""
-    left_out = ([] if questions else ["question"]) + ([] if study else ["study"])
+    from .batches import untrained_kinds  # batches loads the model code: only when coverage is asked for
+
+    left_out = untrained_kinds(questions, study)
     only = "" if l1 is None else f" where l1 = {int(l1)}"
     ids = [r[0] for r in reg.db.execute("select id from windows" + only + " order by id")]
     picked = ids if sample is None or len(ids) <= sample else [ids[i * len(ids) // sample] for i in range(sample)]

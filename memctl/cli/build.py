@@ -15,6 +15,7 @@ from rich.table import Table
 from .common import (
     BankOpt,
     JsonOpt,
+    Rates,
     app,
     coverage_line,
     err,
@@ -213,25 +214,21 @@ def train(
     def go() -> Any:
         if as_json or not err.is_terminal or world.size > 1:
             last = [0.0]
-            started: dict[str, tuple[float, int]] = {}
+            rates = Rates()
 
             def log(ev: TrainEvent) -> None:
                 if not as_json and (ev.step == ev.total_steps or time.monotonic() - last[0] > 10):
                     last[0] = time.monotonic()
                     if ev.unit_no < 0:  # a preparation stage: prompts, teacher cache, self-study, prefix cache
-                        t0, n0 = started.setdefault(ev.unit, (time.monotonic(), ev.step))
-                        rate = (ev.step - n0) / max(time.monotonic() - t0, 1e-9)
-                        eta = f", ETA {(ev.total_steps - ev.step) / rate:.0f}s" if rate > 0 else ""
-                        err.print(f"{ev.unit} {ev.step}/{ev.total_steps} ({rate:.2f}/s{eta})", highlight=False)
+                        pace = rates(ev.unit, ev.step, ev.total_steps)
+                        err.print(f"{ev.unit} {ev.step}/{ev.total_steps}{pace}", highlight=False)
                         return
                     held = f" held-out {100 * ev.heldout:.0f}%" if ev.heldout is not None else ""
-                    t0, n0 = started.setdefault(f"unit {ev.unit}", (time.monotonic(), ev.step))
-                    rate = (ev.step - n0) / max(time.monotonic() - t0, 1e-9)
-                    eta = f", unit ETA {(ev.total_steps - ev.step) / rate:.0f}s" if rate > 0 else ""
+                    pace = rates(f"unit {ev.unit}", ev.step, ev.total_steps)  # steps/s and the unit's ETA
                     err.print(
                         (f"rank {world.rank}: " if world.size > 1 else "")
                         + f"unit {ev.unit} ({ev.unit_no + 1}/{ev.n_units}) step {ev.step}/{ev.total_steps} "
-                        f"loss {ev.loss:.3f}{held} {ev.tokens_per_s:.0f} tok/s{eta}",
+                        f"loss {ev.loss:.3f}{held} {ev.tokens_per_s:.0f} tok/s{pace}",
                         highlight=False,
                     )
 

@@ -7,6 +7,7 @@ Library errors become one line on stderr and a non-zero exit, never a traceback
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, TypeVar
@@ -102,6 +103,20 @@ def stage_progress(enabled: bool = True) -> Iterator[Callable[[str, int, int], N
             bar.update(tasks[stage], completed=done, total=total)
 
         yield update
+
+
+class Rates:
+    """Rate and ETA of progress counters, each from its first report: `rates(key, done, total)` is
+    " (R/s, ETA Ns)" for a log line (no ETA before a second report)."""
+
+    def __init__(self) -> None:
+        self._start: dict[str, tuple[float, int]] = {}
+
+    def __call__(self, key: str, done: int, total: int) -> str:
+        t0, n0 = self._start.setdefault(key, (time.monotonic(), done))
+        rate = (done - n0) / max(time.monotonic() - t0, 1e-9)
+        eta = f", ETA {(total - done) / rate:.0f}s" if rate > 0 else ""
+        return f" ({rate:.2f}/s{eta})"
 
 
 def coverage_line(cov: dict[str, Any]) -> str:
