@@ -33,9 +33,10 @@ from .memory import Fetched
 from .placement import Placement
 from .rag import Retriever
 from .registry import Registry, memctl_home
-from .relevance import below_floor, calibrate, gate, leaf_similarity, sample_ids, unrelated
+from .relevance import below_floor, gate, sample_ids
+from .routing import Router
 from .store import DEFAULT_CACHE_MB, BlockStore
-from .tree import Tree, route
+from .tree import Tree
 
 Mode = Literal["fetched", "generic", "none"]
 MODES: tuple[str, ...] = ("fetched", "generic", "none")
@@ -58,7 +59,7 @@ class Routed:
 
     x: np.ndarray  # (B, dim) embeddings
     paths: np.ndarray  # (B, p) the path each row routed to (every row gets one, gated or not)
-    relevance: np.ndarray  # (B,) cosine of each row to its leaf's centroid
+    relevance: np.ndarray  # (B,) the gate's reading of each row (Router.similarity)
     off: np.ndarray  # (B,) bool: rows the gate leaves to the anchor alone
 
     @property
@@ -103,6 +104,8 @@ class Memories:
         self.allow = allow
         self.store = BlockStore(self.reg, int(cache_mb * 2**20), pin_levels, allow, serve_blocked, int8)
         self._retriever: Retriever | None = None
+        self._router: Router | None = None
+        self._router_version: tuple[int, int] | None = None
         self._handle: MemoryHandle | None = None
         self._floor = min_relevance
 
@@ -153,9 +156,18 @@ class Memories:
         self.close()
 
     # ---- routing and fetching ---------------------------------------------------------------------
+    @property
+    def router(self) -> Router:
+        """The bank's routing rule (memctl.routing), its window index reloaded when the registry changes."""
+        version = self.reg.version()
+        if self._router is None or version != self._router_version:
+            self._router = Router.for_bank(self.reg, self.tree)
+            self._router_version = version
+        return self._router
+
     def route(self, texts: Sequence[str]) -> np.ndarray:
         """(B,) texts -> (B, p) node index per level (no gate: every row gets a path)."""
-        return route(self.tree, self.embedder.encode(list(texts)))
+        return self.router.route(self.embedder.encode(list(texts)))
 
     def route_gated(self, texts: Sequence[str], *, judge: bool = True) -> Routed:
         """Embed and route `texts`, and ask the relevance gate about each row (`judge=False`: no
@@ -163,10 +175,10 @@ class Memories:
         texts = list(texts)
         if texts:
             x = self.embedder.encode(texts)
-            paths = route(self.tree, x)
+            paths = self.router.route(x)
         else:
             x, paths = np.zeros((0, self.tree.dim), np.float32), np.zeros((0, self.tree.p), np.int64)
-        sims = leaf_similarity(self.tree, x, paths)
+        sims = self.router.similarity(x, paths)
         off = below_floor(sims, self.relevance_floor) if judge else np.zeros(len(texts), dtype=bool)
         return Routed(x, paths, sims, off)
 
@@ -183,13 +195,16 @@ class Memories:
                 row = db.execute("select id, embedding from windows where id >= ? order by id limit 1", [t]).fetchone()
                 found[row[0]] = row[1]
             x = np.stack([np.frombuffer(e, dtype=np.float32) for e in found.values()])
-            self._floor = calibrate(self.tree, x)
+            self._floor = self.router.calibrate(x)
         return self._floor
 
     def unrelated(self, x: np.ndarray, paths: np.ndarray) -> np.ndarray:
         """(B,) bool: contexts (embedded as x, routed to paths) the relevance gate leaves to the
         anchor alone."""
-        return unrelated(self.tree, x, paths, self.relevance_floor)
+        floor = self.relevance_floor
+        if floor <= 0:
+            return np.zeros(len(paths), dtype=bool)
+        return below_floor(self.router.similarity(x, paths), floor)
 
     def fetch(self, mode: str, paths: np.ndarray | None, batch: int, off: np.ndarray | None = None) -> Fetched | None:
         """The blocks for a batch: `mode` fetched (each row its path), generic or none. Rows marked

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -11,15 +13,29 @@ from typing import Any
 
 from .anchor import Anchor, load_anchor, neuron_std, resolve_anchor
 from .checkpoint import LEGACY_GLOB, drop_checkpoints, pending_checkpoints
-from .config import BankConfig, MemoryConfig, TreeConfig, default_ranks, default_tree, parse_layers
+from .config import (
+    BankConfig,
+    MemoryConfig,
+    TreeConfig,
+    check_bank_size,
+    check_seed,
+    default_ranks,
+    default_tree,
+    parse_layers,
+)
 from .corpus import Document, iter_documents, read_documents
 from .embed import get_embedder
-from .errors import BankStateError, InputError
+from .errors import BankStateError, InputError, IntegrityError
 from .ingest_stream import TokenCounter, stream_ingest
+from .lock import bank_lock
 from .privacy import parse_tags, reach_by_level
-from .registry import Registry, block_id, memctl_home, now
+from .registry import Registry, block_id, doctor_hint, memctl_home, now
+from .routing import DEFAULT_ROUTING, check_routing
 
 Progress = Callable[[str, int, int], None]
+# from_pretrained is not thread-safe (transformers patches torch globally while it builds a model): ingests
+# running in threads of one process, which load their models before taking the bank's lock, take turns
+_LOADING = threading.Lock()
 
 
 @dataclass
@@ -61,6 +77,13 @@ def _new_config(
         raise InputError(f"--ranks has {len(ranks)} values but the tree has {p} levels; give one rank per level")
     if any(r < 0 for r in ranks) or sum(ranks) == 0:
         raise InputError("--ranks must be non-negative with at least one positive rank")
+    check_bank_size(k, tuple(ranks), len(layers), anchor.hidden)
+    check_seed(seed)
+    limit = int(getattr(anchor.model.config, "max_position_embeddings", 0) or 0)
+    if window < 16 or (limit and window > limit):
+        raise InputError(
+            f"--window must be between 16 and the anchor's context, {limit or 'unknown'} tokens, got {window}"
+        )
     return BankConfig(
         anchor=anchor_spec,
         embedder=embedder,
@@ -86,6 +109,7 @@ def ingest(
     anchor: str | None = None,
     embedder: str | None = None,
     seed: int = 0,
+    routing: str | None = None,
     tags: frozenset[str] = frozenset(),
     reference: bool = False,
     home: Path | None = None,
@@ -100,81 +124,61 @@ def ingest(
 
     Documents stream through in chunks of `chunk` windows (default `ingest_stream.CHUNK_WINDOWS`):
     read, windowed, embedded and written chunk by chunk, then clustered over a memory-mapped
-    embedding matrix (see memctl/ingest_stream.py)."""
+    embedding matrix (see memctl/ingest_stream.py). It holds the bank's writer lock (memctl.lock),
+    a new bank's name too (two ingests never both create it), from once the options and the first
+    files are checked until the end: input that fails leaves nothing behind, not even a lock file."""
     home = home or memctl_home()
     tags = parse_tags(tags)
+    if routing is not None:
+        check_routing(routing)
     t0 = time.perf_counter()
-    exists = Registry.exists(name, home)
     if reference:
         docs = read_documents(paths, text_field=text_field, id_field=id_field)
-        if not exists:
+        if not Registry.exists(name, home):
             raise BankStateError(f"bank {name!r} does not exist; ingest its documents before adding references")
         if tags:
             raise InputError("--tag does not apply to --reference documents (they are never trained or served)")
-        return _add_references(Registry.open(name, home), docs)
+        with bank_lock(name, home):
+            return _add_references(Registry.open(name, home), docs)
     stream = iter_documents(paths, text_field=text_field, id_field=id_field)
     head = list(islice(stream, 256))  # a bad first file fails before any model is loaded
     docs_iter = chain(head, stream)
-    reg = Registry.open(name, home) if exists else None
-    if reg is not None:
-        cfg = reg.config
-        fixed = {
-            "--tree": tree,
-            "--ranks": ranks,
-            "--memory-layers": memory_layers,
-            "--anchor": anchor,
-            "--embedder": embedder,
-            "--window": window,
-        }
-        given = [k for k, v in fixed.items() if v is not None]
-        if given:
-            raise InputError(f"bank {name!r} exists; {', '.join(given)} only apply when a bank is created")
-        anchor_spec, embedder_name, win = cfg.anchor, cfg.embedder, cfg.window
-    else:
-        anchor_spec = str(resolve_anchor(anchor)) if anchor and anchor != "default" else "default"
-        embedder_name, win = embedder or "minilm", window or 512
-        if win < 16:
-            raise InputError("--window must be at least 16 tokens")
-    emb = get_embedder(embedder_name)
-    the_anchor = load_anchor(anchor_spec, home)
-    load_s = time.perf_counter() - t0
-    opts: dict[str, Any] = {
-        "embedder": emb,
-        "count": token_counter(the_anchor),
-        "window": win,
-        "tags": tags,
-        "progress": progress,
+    options: dict[str, Any] = {
+        "tree": tree,
+        "ranks": ranks,
+        "memory_layers": memory_layers,
+        "anchor": anchor,
+        "embedder": embedder,
+        "window": window,
+        "seed": seed,
+        "routing": routing,
     }
-    if chunk is not None:
-        opts["chunk"] = chunk
-    if reg is not None:
-        with reg.db.atomic():
-            res = stream_ingest(reg, docs_iter, config=reg.config, **opts)
-        created = False
-        if res.reclustered:  # only once the new tree is committed
-            drop_checkpoints(reg.checkpoint_dir())
-        reg.close()
-    else:
-        layers = memory_layers or "all"
-
-        def config_for(n_windows: int) -> BankConfig:
-            return _new_config(the_anchor, anchor_spec, embedder_name, win, n_windows, tree, ranks, layers, seed)
-
-        # checks the options now; the tree shape is final once the corpus size is known
-        provisional = _new_config(
-            the_anchor, anchor_spec, embedder_name, win, 0, tree or (2, 1), ranks if tree else None, layers, seed
-        )
-        anchor_row = {
-            "path": str(the_anchor.path),
-            "sha256": the_anchor.digest,
-            "params": the_anchor.n_params,
-            "layers": the_anchor.n_layers,
-        }
-        with Registry.create(name, provisional, anchor_row, home) as new, new.db.atomic():
-            res = stream_ingest(new, docs_iter, finalize=config_for, **opts)
-            _create_blocks(new, res.config)
-        new.close()
-        created = True
+    reg, opts, new = _prepare(name, home, Registry.exists(name, home), **options)
+    load_s = time.perf_counter() - t0
+    with bank_lock(name, home):
+        exists = Registry.exists(name, home)
+        if exists != (reg is not None):  # another ingest created the bank while this one waited: check again
+            if reg is not None:
+                reg.close()
+            reg, opts, new = _prepare(name, home, exists, **options)
+        opts.update(tags=tags, progress=progress)
+        if chunk is not None:
+            opts["chunk"] = chunk
+        if reg is not None:
+            with reg.db.atomic():
+                res = stream_ingest(reg, docs_iter, config=reg.config, **opts)
+            created = False
+            if res.reclustered:  # only once the new tree is committed
+                drop_checkpoints(reg.checkpoint_dir())
+            reg.close()
+        else:
+            assert new is not None
+            provisional, config_for, anchor_row = new
+            with Registry.create(name, provisional, anchor_row, home) as made, made.db.atomic():
+                res = stream_ingest(made, docs_iter, finalize=config_for, **opts)
+                _create_blocks(made, res.config)
+            made.close()
+            created = True
     return IngestResult(
         name,
         created,
@@ -187,6 +191,76 @@ def ingest(
         {"load": load_s, **res.seconds},
         res.tagged,
     )
+
+
+_NewBank = tuple[BankConfig, Callable[[int], BankConfig], dict[str, Any]]
+
+
+def _prepare(
+    name: str,
+    home: Path,
+    exists: bool,
+    *,
+    tree: tuple[int, int] | None,
+    ranks: tuple[int, ...] | None,
+    memory_layers: str | None,
+    anchor: str | None,
+    embedder: str | None,
+    window: int | None,
+    seed: int,
+    routing: str | None,
+) -> tuple[Registry | None, dict[str, Any], _NewBank | None]:
+    """`ingest`'s checks of its options, and its models; writes nothing, takes no lock. Returns the open
+    bank (None: it is to be created), `stream_ingest`'s model options, and for a new bank its
+    provisional configuration, the function that makes the final one, and its anchor row."""
+    reg = Registry.open(name, home) if exists else None
+    if reg is not None:
+        cfg = reg.config
+        fixed = {
+            "--tree": tree,
+            "--ranks": ranks,
+            "--memory-layers": memory_layers,
+            "--anchor": anchor,
+            "--embedder": embedder,
+            "--window": window,
+            "--routing": routing,
+        }
+        given = [k for k, v in fixed.items() if v is not None]
+        if given:
+            reg.close()
+            raise InputError(f"bank {name!r} exists; {', '.join(given)} only apply when a bank is created")
+        anchor_spec, embedder_name, win = cfg.anchor, cfg.embedder, cfg.window
+    else:
+        anchor_spec = str(resolve_anchor(anchor)) if anchor and anchor != "default" else "default"
+        embedder_name, win = embedder or "minilm", 512 if window is None else window
+        if win < 16:
+            raise InputError("--window must be at least 16 tokens")
+    with _LOADING:
+        emb = get_embedder(embedder_name)
+        the_anchor = load_anchor(anchor_spec, home)
+    opts: dict[str, Any] = {"embedder": emb, "count": token_counter(the_anchor), "window": win}
+    if reg is not None:
+        return reg, opts, None
+    layers = memory_layers or "all"
+
+    rule = check_routing(routing or DEFAULT_ROUTING)
+
+    def config_for(n_windows: int) -> BankConfig:
+        cfg = _new_config(the_anchor, anchor_spec, embedder_name, win, n_windows, tree, ranks, layers, seed)
+        return dataclasses.replace(cfg, routing=rule)
+
+    # checks the options now; the tree shape is final once the corpus size is known
+    provisional = _new_config(
+        the_anchor, anchor_spec, embedder_name, win, 0, tree or (2, 1), ranks if tree else None, layers, seed
+    )
+    provisional = dataclasses.replace(provisional, routing=rule)
+    anchor_row = {
+        "path": str(the_anchor.path),
+        "sha256": the_anchor.digest,
+        "params": the_anchor.n_params,
+        "layers": the_anchor.n_layers,
+    }
+    return None, opts, (provisional, config_for, anchor_row)
 
 
 def _add_references(reg: Registry, docs: list[Document]) -> IngestResult:
@@ -257,6 +331,10 @@ def info(name: str, home: Path | None = None, allow: frozenset[str] | None = Non
     """Everything `memctl info` shows, as plain data. With `allow` tags, also how many blocks per
     level a session with those tags can reach."""
     reg = Registry.open(name, home)
+    check = reg.db.execute("PRAGMA quick_check").fetchone()  # reads every page: a damaged one shows here
+    if not check or check[0] != "ok":
+        why = check[0] if check else "?"
+        raise IntegrityError(f"the registry of bank {name!r} is damaged ({why}); {doctor_hint(name)}")
     cfg = reg.config
     row = reg.bank
     anchor_params = row["anchor_params"]
@@ -294,6 +372,7 @@ def info(name: str, home: Path | None = None, allow: frozenset[str] | None = Non
         "embedder": cfg.embedder,
         "window": cfg.window,
         "tree": {"k": cfg.tree.k, "p": cfg.tree.p, "seed": cfg.tree.seed},
+        "routing": cfg.routing,
         "memory": {
             "ranks": list(cfg.memory.ranks),
             "layers": len(cfg.memory.layers),
@@ -350,7 +429,19 @@ def _tag_counts(reg: Registry) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def missing_files(reg: Registry) -> list[str]:
+    """Ids of blocks whose row names a file that is not there (a stat each, no read): `doctor` says more."""
+    rows = reg.db.execute("select id, file from blocks where file is not null")
+    return [r[0] for r in rows if not (reg.path / r[1]).is_file()]
+
+
 def training_state(reg: Registry) -> str:
+    missing = missing_files(reg)
+    if missing:
+        return (
+            f"damaged: {len(missing)} block file(s) missing ({', '.join(missing[:3])}"
+            f"{', ...' if len(missing) > 3 else ''}); {doctor_hint(reg.name)}, then `memctl train --bank {reg.name}`"
+        )
     states = {
         r["state"]: r["n"]
         for r in reg.db.query("select state, count(*) as n from blocks where state != 'init' group by state")
@@ -367,6 +458,8 @@ def training_state(reg: Registry) -> str:
         notes.append(f"{states['stale']} stale block(s) after new documents")
     if states.get("dropped"):
         notes.append(f"{states['dropped']} block(s) dropped by forget")
+    if states.get("damaged"):
+        notes.append(f"{states['damaged']} damaged block(s) re-queued by doctor")
     if states.get("withheld"):
         notes.append(f"{states['withheld']} block(s) withheld by the export this bank came from")
     if not notes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,14 @@ TARGET_WINDOWS_PER_LEAF = 8
 FETCHED_FRACTION = 0.10
 # Default bank budget on disk (fp32), so that small corpora do not get a huge, mostly idle bank.
 DEFAULT_BANK_BYTES = 512 * 2**20
+# A bank (all blocks, fp32) beyond this is refused unless the caller allows it (`--allow-large-bank`).
+MAX_BANK_BYTES = 64 * 2**30
+allow_large_bank: ContextVar[bool] = ContextVar("allow_large_bank", default=False)
+MAX_NODES = 2**20  # blocks in a tree (sum over its levels of k**level)
+MAX_SEED = 2**32 - 1
+MAX_EPOCHS = 10_000
+MAX_BATCH = 4096
+MAX_LR = 10.0
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,7 @@ MAX_STUDY = 32
 
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: int = 12  # twice 6 epochs' steps, for 80% -> 90% of open book on the elements example (README)
+    epochs: int = 12  # twice 6 epochs' steps, for 80% -> 90% of open book on the elements example (docs/results.md)
     lr: float = 1e-2
     batch_size: int = 4
     warmup: float = 0.05  # fraction of steps
@@ -84,7 +93,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     checkpoint_every: int = 25  # steps
-    objective: str = "distill"  # lm | distill | mix (distill measured best: see README)
+    objective: str = "distill"  # lm | distill | mix (distill measured best: docs/results.md)
     prompt_batch_factor: int = 4  # prompts are short: this many times more of them per step
     patience: int = 3  # stop a unit when neither held-out accuracy nor held-out loss has improved for this many epochs
     preserve: float = 1.0  # share of a unit's tokens spent matching the anchor on its own text (memctl.preserve)
@@ -93,12 +102,18 @@ class TrainConfig:
     study: int = 0  # self-study continuations per window sampled by the open-book teacher (memctl.study); 0: off
 
     def validate(self) -> None:
-        if self.epochs < 1:
-            raise InputError("--epochs must be at least 1")
-        if not self.lr > 0:
-            raise InputError("--lr must be positive")
-        if self.batch_size < 1:
-            raise InputError("--batch-size must be at least 1")
+        if not 1 <= self.epochs <= MAX_EPOCHS:
+            raise InputError(f"--epochs must be between 1 and {MAX_EPOCHS:,}, got {self.epochs}")
+        if not 0 < self.lr <= MAX_LR:  # NaN and inf fail too
+            raise InputError(f"--lr must be a positive number up to {MAX_LR:g}, got {self.lr}")
+        if not 1 <= self.batch_size <= MAX_BATCH:
+            raise InputError(f"--batch-size must be between 1 and {MAX_BATCH}, got {self.batch_size}")
+        check_seed(self.seed)
+        if self.patience < 1:
+            raise InputError(f"--patience must be at least 1, got {self.patience}")
+        for name, value in (("warmup", self.warmup), ("min_lr_ratio", self.min_lr_ratio)):
+            if not 0 <= value <= 1:
+                raise InputError(f"{name} must be a fraction between 0 and 1, got {value}")
         if not 0 <= self.preserve <= 4:
             raise InputError(f"--preserve must be between 0 and 4, got {self.preserve}")
         if self.preserve_pool < 1:
@@ -120,6 +135,7 @@ class BankConfig:
     memory: MemoryConfig
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    routing: str = "tree"  # memctl.routing: new banks get "nearest"; a config without it is an older bank
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -140,6 +156,7 @@ class BankConfig:
             ),
             seed=d.get("seed", 0),
             extra=d.get("extra", {}),
+            routing=d.get("routing", "tree"),
         )
 
 
@@ -165,7 +182,28 @@ def parse_tree(text: str) -> tuple[int, int]:
     k, p = values
     if not 2 <= k <= 64 or not 1 <= p <= 6:
         raise InputError(f"--tree K,P needs 2 <= K <= 64 and 1 <= P <= 6, got {text!r}")
+    nodes = sum(k**lvl for lvl in range(1, p + 1))
+    if nodes > MAX_NODES:
+        raise InputError(f"--tree {k},{p} makes {nodes:,} blocks, more than {MAX_NODES:,}; use a smaller K or P")
     return k, p
+
+
+def check_seed(seed: int, what: str = "--seed") -> None:
+    if not 0 <= seed <= MAX_SEED:
+        raise InputError(f"{what} must be between 0 and {MAX_SEED}, got {seed}")
+
+
+def check_bank_size(k: int, ranks: tuple[int, ...], n_layers: int, hidden: int) -> None:
+    """Refuse a bank whose blocks (fp32, the generic memory included) would pass MAX_BANK_BYTES,
+    unless `allow_large_bank` is set: a mistyped --ranks should not fill a disk."""
+    per_rank = 4 * 3 * n_layers * hidden
+    total = per_rank * (sum(k**lvl * r for lvl, r in enumerate(ranks, start=1)) + sum(ranks))
+    if total > MAX_BANK_BYTES and not allow_large_bank.get():
+        ranks_text = ",".join(map(str, ranks))
+        raise InputError(
+            f"--ranks {ranks_text} on a tree of k={k} makes a {total / 2**30:,.1f} GiB bank (fp32), beyond the "
+            f"{MAX_BANK_BYTES / 2**30:.0f} GiB limit; lower --ranks or --tree, or pass --allow-large-bank"
+        )
 
 
 def default_tree(n_windows: int, target: int = TARGET_WINDOWS_PER_LEAF) -> tuple[int, int]:

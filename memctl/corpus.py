@@ -1,24 +1,36 @@
 """Read a private corpus and cut it into windows of at most N anchor tokens.
 
-Directories give one document per .txt/.md file; .jsonl/.json/.csv/.parquet files give one
-document per row, read through the `datasets` local loaders. Every window keeps its document
-id, source path, character offsets and sha256.
+Directories give one document per .txt/.md file; .jsonl files give one document per line (read
+here, so an error names its line); .json/.csv/.parquet files give one per row, read through the
+`datasets` local loaders. Every window keeps its document id, source path, character offsets and
+sha256. A text file above `STREAM_BYTES` is streamed: hashed in a first pass, then windowed block
+by block (`iter_windows`), so a single document far larger than memory costs bounded memory.
 """
 
 from __future__ import annotations
 
+import codecs
+import csv
 import hashlib
-import re
+import json
+import os
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from .errors import InputError
+from .windowing import Counter, Window, long_span, paragraphs, sha256_text, windows_of
+
+__all__ = ["Counter", "Document", "Window", "iter_documents", "iter_windows", "long_span", "paragraphs"]
+__all__ += ["read_documents", "sha256_text", "split_windows"]
 
 TEXT_SUFFIXES = {".txt", ".md"}
 TABLE_SUFFIXES = {".jsonl", ".json", ".csv", ".parquet"}
+STREAM_BYTES = 8 * 2**20  # text files larger than this are streamed, never held whole
+BLOCK_BYTES = 2**20  # read size of a streamed file
+HEAD_CHARS = 65536  # where a streamed file's title is looked for, and where NUL bytes mean binary
 
 
 @dataclass(frozen=True)
@@ -27,41 +39,69 @@ class Document:
     text: str
     source: str
     title: str
+    file: Path | None = None  # a streamed text file: `text` is empty and `blocks()` reads the file
+    digest: str = ""  # sha256 of a streamed file's text, from its first pass
+    chars: int = 0  # characters of a streamed file's text
 
     @property
     def sha256(self) -> str:
-        return sha256_text(self.text)
-
-
-@dataclass(frozen=True)
-class Window:
-    doc_id: str
-    idx: int  # position within its document
-    char_start: int
-    char_end: int
-    text: str
-    n_tokens: int
+        return self.digest or sha256_text(self.text)
 
     @property
-    def sha256(self) -> str:
-        return sha256_text(self.text)
+    def n_chars(self) -> int:
+        return self.chars if self.file is not None else len(self.text)
+
+    def blocks(self) -> Iterator[str]:
+        """The text, in order: whole, or a streamed file block by block (checked against its digest)."""
+        if self.file is None:
+            yield self.text
+            return
+        sha, dec = hashlib.sha256(), codecs.getincrementaldecoder("utf-8")()
+        try:
+            with _open(self.file) as f:
+                while block := f.read(BLOCK_BYTES):
+                    sha.update(block)
+                    yield dec.decode(block)
+                yield dec.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise InputError(f"{self.file} changed while it was read; ingest it again") from None
+        if sha.hexdigest() != self.digest:
+            raise InputError(f"{self.file} changed while it was read; ingest it again")
 
 
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+def _open(path: Path) -> IO[bytes]:
+    try:
+        return path.open("rb")
+    except PermissionError:
+        raise InputError(f"{path}: permission denied; make it readable (chmod u+r) or leave it out") from None
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror or type(e).__name__}") from None
+
+
+def _read_bytes(path: Path) -> bytes:
+    with _open(path) as f:
+        try:
+            return f.read()
+        except OSError as e:
+            raise InputError(f"cannot read {path}: {e.strerror or type(e).__name__}") from None
+
+
+def _not_utf8(path: Path, offset: int, line: int) -> InputError:
+    return InputError(f"{path} line {line}: not UTF-8 text (bad byte at offset {offset}); convert it to UTF-8")
 
 
 def _check_bytes(path: Path, textual: bool) -> bytes:
-    data = path.read_bytes()
+    data = _read_bytes(path)
     if not data.strip():
-        raise InputError(f"{path} is empty")
+        raise InputError(f"{path} is empty (or only whitespace)")
     if textual:
-        if b"\x00" in data[:65536]:
-            raise InputError(f"{path} looks binary (NUL bytes); give UTF-8 text files")
+        if b"\x00" in data[:HEAD_CHARS]:
+            line = data.count(b"\n", 0, data.index(b"\x00")) + 1
+            raise InputError(f"{path} line {line}: looks binary (NUL bytes); give UTF-8 text files")
         try:
             data.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise InputError(f"{path} is not UTF-8 text (bad byte at offset {e.start})") from None
+            raise _not_utf8(path, e.start, data.count(b"\n", 0, e.start) + 1) from None
     return data
 
 
@@ -73,9 +113,46 @@ def _title_of(text: str, fallback: str) -> str:
     return fallback
 
 
-def _read_text_file(path: Path, doc_id: str) -> Document:
+def _read_text_file(path: Path, doc_id: str, stream_bytes: int | None) -> Document:
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror or type(e).__name__}") from None
+    if stream_bytes is not None and size > stream_bytes:
+        return _scan_text_file(path, doc_id)
     text = _check_bytes(path, textual=True).decode("utf-8")
     return Document(id=doc_id, text=text, source=str(path), title=_title_of(text, path.stem))
+
+
+def _scan_text_file(path: Path, doc_id: str) -> Document:
+    """First pass over a large text file: checks (UTF-8, not binary, not blank), sha256, length, title."""
+    sha, dec = hashlib.sha256(), codecs.getincrementaldecoder("utf-8")()
+    chars, offset, line, head, blank = 0, 0, 1, "", True
+    with _open(path) as f:
+        while True:
+            block = f.read(BLOCK_BYTES)
+            if offset < HEAD_CHARS and b"\x00" in block[: HEAD_CHARS - offset]:
+                at = line + block.count(b"\n", 0, block.index(b"\x00"))
+                raise InputError(f"{path} line {at}: looks binary (NUL bytes); give UTF-8 text files")
+            pending = dec.getstate()[0]
+            try:
+                text = dec.decode(block, final=not block)
+            except UnicodeDecodeError as e:
+                seen = pending + block
+                raise _not_utf8(path, offset - len(pending) + e.start, line + seen.count(b"\n", 0, e.start)) from None
+            sha.update(block)
+            chars += len(text)
+            offset += len(block)
+            line += block.count(b"\n")
+            if len(head) < HEAD_CHARS:
+                head += text[: HEAD_CHARS - len(head)]
+            blank = blank and not text.strip()
+            if not block:
+                break
+    if blank:
+        raise InputError(f"{path} is empty (or only whitespace)")
+    title = _title_of(head, path.stem)
+    return Document(id=doc_id, text="", source=str(path), title=title, file=path, digest=sha.hexdigest(), chars=chars)
 
 
 def _load_table(path: Path) -> Any:
@@ -83,35 +160,148 @@ def _load_table(path: Path) -> Any:
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
-    _check_bytes(path, textual=path.suffix != ".parquet")
-    kind = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}[path.suffix]
-    with tempfile.TemporaryDirectory(prefix="memctl-ds-") as cache:
+    suffix = path.suffix.lower()
+    data = _check_bytes(path, textual=suffix != ".parquet")
+    kind = {".json": "json", ".csv": "csv", ".parquet": "parquet"}[suffix]
+    with tempfile.TemporaryDirectory(prefix=f"memctl-ds-{os.getpid()}-") as cache:
         try:
             ds = datasets.load_dataset(kind, data_files=str(path), split="train", cache_dir=cache, keep_in_memory=True)
         except Exception as e:  # datasets raises many types for malformed files
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise InputError(f"cannot read {path}: {first[:200]}") from None
+            where = _json_error(data) if kind == "json" else ""
+            raise InputError(f"cannot read {path}{where or ': ' + first[:200]}") from None
         return ds
 
 
+def _json_error(data: bytes) -> str:
+    """' line N: what is wrong' for JSON (or JSON lines) that does not parse, else ''."""
+    text = data.decode("utf-8")
+    try:
+        json.loads(text)
+        return ""
+    except RecursionError:
+        return " line 1: nested too deeply"
+    except json.JSONDecodeError as e:
+        if not e.msg.startswith("Extra data"):
+            return f" line {e.lineno}: not valid JSON ({e.msg}, column {e.colno})"
+    except ValueError as e:
+        return f" line 1: not valid JSON ({e})"
+    for n, line in enumerate(text.splitlines(), start=1):  # JSON lines: the first line that does not parse
+        if line.strip() and (err := _json_line(line)[1]):
+            return f" line {n}: {err}"
+    return ""
+
+
+def _json_line(line: str | bytes) -> tuple[Any, str]:
+    """(value, '') for a line of JSON, or (None, what is wrong with it)."""
+    try:
+        return json.loads(line), ""
+    except RecursionError:
+        return None, "not valid JSON (nested too deeply)"
+    except json.JSONDecodeError as e:
+        return None, f"not valid JSON ({e.msg}, column {e.colno})"
+    except ValueError as e:
+        return None, f"not valid JSON ({e})"
+
+
+def _fields_error(path: Path, where: str, field: str, opt: str, cols: Sequence[str]) -> InputError:
+    shown = ", ".join(str(c)[:40] for c in list(cols)[:20]) or "none"
+    return InputError(f"{path}{where} has no column {field!r}; pick one with {opt} (columns: {shown})")
+
+
+def _row_document(
+    path: Path, where: str, row: dict[str, Any], row_no: int, text_field: str, id_field: str | None
+) -> Document:
+    text = row.get(text_field)
+    if not isinstance(text, str) or not text.strip():
+        raise InputError(f"{path}{where}: {text_field!r} is empty or not text")
+    doc_id = str(row[id_field]) if id_field else f"{path.stem}:{row_no}"
+    title = str(row["title"]) if row.get("title") else _title_of(text, doc_id)
+    return Document(id=doc_id, text=text, source=str(path), title=title)
+
+
+def _read_jsonl(path: Path, text_field: str, id_field: str | None) -> Iterator[Document]:
+    """One document per line of a JSON-lines file, streamed; every error names its line."""
+    rows = 0
+    with _open(path) as f:
+        offset = 0
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise _not_utf8(path, offset + e.start, line_no) from None
+            offset += len(raw)
+            if not line.strip():
+                continue
+            row, err = _json_line(line)
+            if err:
+                raise InputError(f"cannot read {path} line {line_no}: {err}")
+            if not isinstance(row, dict):
+                raise InputError(f"{path} line {line_no}: not a JSON object; give one object per line")
+            for field, opt in ((text_field, "--text-field"), (id_field, "--id-field")):
+                if field and field not in row:
+                    raise _fields_error(path, f" line {line_no}", field, opt, list(row))
+            yield _row_document(path, f" line {line_no}", row, rows, text_field, id_field)
+            rows += 1
+    if rows == 0:
+        raise InputError(f"{path} is empty (or only whitespace)")
+
+
+def _csv_line(path: Path, row_no: int) -> str:
+    """' line N' where data row `row_no` (0-based) of a CSV file starts, or ' row N' if unknown."""
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            start, seen = 1, -1
+            for rec in reader:
+                if rec and seen == row_no:
+                    return f" line {start}"
+                seen += 1 if rec else 0
+                start = reader.line_num + 1
+    except (OSError, csv.Error, UnicodeDecodeError):
+        pass
+    return f" row {row_no + 1}"
+
+
 def _read_table(path: Path, text_field: str, id_field: str | None) -> Iterator[Document]:
+    if path.suffix.lower() == ".jsonl":
+        yield from _read_jsonl(path, text_field, id_field)
+        return
     ds = _load_table(path)
     cols = list(ds.column_names)
-    if text_field not in cols:
-        raise InputError(
-            f"{path} has no column {text_field!r}; pick one with --text-field (columns: {', '.join(cols)})"
-        )
-    if id_field and id_field not in cols:
-        raise InputError(f"{path} has no column {id_field!r}; pick one with --id-field (columns: {', '.join(cols)})")
+    for field, opt in ((text_field, "--text-field"), (id_field, "--id-field")):
+        if field and field not in cols:
+            raise _fields_error(path, "", field, opt, cols)
     if len(ds) == 0:
         raise InputError(f"{path} has no rows")
+    csv_file = path.suffix.lower() == ".csv"
     for row_no, row in enumerate(ds):
         text = row[text_field]
         if not isinstance(text, str) or not text.strip():
-            raise InputError(f"{path} row {row_no + 1}: {text_field!r} is empty or not text")
-        doc_id = str(row[id_field]) if id_field else f"{path.stem}:{row_no}"
-        title = str(row["title"]) if "title" in cols and row.get("title") else _title_of(text, doc_id)
-        yield Document(id=doc_id, text=text, source=str(path), title=title)
+            where = _csv_line(path, row_no) if csv_file else f" row {row_no + 1}"
+            raise InputError(f"{path}{where}: {text_field!r} is empty or not text")
+        yield _row_document(path, "", row, row_no, text_field, id_field)
+
+
+def _walk(root: Path) -> list[Path]:
+    """The readable files under `root` with a known suffix, sorted; symlinked directories are not followed
+    (as `rglob`); a broken or looping link, or a directory that cannot be listed, is an error."""
+
+    def fail(e: OSError) -> None:
+        raise InputError(f"cannot read directory {e.filename}: {e.strerror}; make it readable or leave it out")
+
+    found: list[Path] = []
+    for top, dirs, names in os.walk(root, onerror=fail):
+        dirs.sort()
+        for name in sorted(names):
+            p = Path(top) / name
+            if p.suffix.lower() not in TEXT_SUFFIXES | TABLE_SUFFIXES:
+                continue
+            if p.is_symlink() and not p.exists():
+                raise InputError(f"{p}: a broken symbolic link or a link loop; fix or remove it")
+            if p.is_file():
+                found.append(p)
+    return sorted(found)
 
 
 def _input_files(paths: Sequence[str | Path]) -> list[tuple[Path, Path | None]]:
@@ -120,11 +310,11 @@ def _input_files(paths: Sequence[str | Path]) -> list[tuple[Path, Path | None]]:
     for raw in paths:
         path = Path(raw).expanduser()
         if not path.exists():
+            if path.is_symlink():
+                raise InputError(f"{raw}: a broken symbolic link or a link loop; fix or remove it")
             raise InputError(f"{raw}: no such file or directory")
         if path.is_dir():
-            found = sorted(
-                p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES | TABLE_SUFFIXES
-            )
+            found = _walk(path)
             if not found:
                 raise InputError(f"{raw}: no .txt/.md/.jsonl/.json/.csv/.parquet files in this directory")
             files.extend((f, path) for f in found)
@@ -136,9 +326,13 @@ def _input_files(paths: Sequence[str | Path]) -> list[tuple[Path, Path | None]]:
 
 
 def iter_documents(
-    paths: Sequence[str | Path], text_field: str = "text", id_field: str | None = None
+    paths: Sequence[str | Path],
+    text_field: str = "text",
+    id_field: str | None = None,
+    stream_bytes: int | None = STREAM_BYTES,
 ) -> Iterator[Document]:
-    """The documents under `paths`, one at a time (a table file is read whole, then yielded row by row).
+    """The documents under `paths`, one at a time (a .json/.csv/.parquet file is read whole, then yielded
+    row by row; a text file above `stream_bytes` is streamed: see `Document.blocks`; None: never).
     Missing paths and unsupported types raise InputError at once; a bad file raises when it is reached.
     Repeated ids are not checked here (`read_documents` does; the streaming ingest checks in SQL)."""
     files = _input_files(paths)
@@ -146,7 +340,7 @@ def iter_documents(
     def gen() -> Iterator[Document]:
         for f, root in files:
             if f.suffix.lower() in TEXT_SUFFIXES:
-                yield _read_text_file(f, f.relative_to(root).as_posix() if root else f.name)
+                yield _read_text_file(f, f.relative_to(root).as_posix() if root else f.name, stream_bytes)
             else:
                 yield from _read_table(f, text_field, id_field)
 
@@ -156,8 +350,8 @@ def iter_documents(
 def read_documents(
     paths: Sequence[str | Path], text_field: str = "text", id_field: str | None = None
 ) -> list[Document]:
-    """All documents under `paths`. Raises InputError on a missing, empty, binary or malformed input."""
-    docs = list(iter_documents(paths, text_field, id_field))
+    """All documents under `paths`, held whole. Raises InputError on a missing, empty, binary or malformed input."""
+    docs = list(iter_documents(paths, text_field, id_field, stream_bytes=None))
     seen: dict[str, str] = {}
     for d in docs:
         if d.id in seen and seen[d.id] != d.sha256:
@@ -166,87 +360,11 @@ def read_documents(
     return docs
 
 
-Counter = Callable[[str], int]
-
-_PARA = re.compile(r"\n\s*\n")
-_SENT = re.compile(r"(?<=[.!?])\s+")
-
-
-def _spans(text: str, pattern: re.Pattern[str], start: int, end: int) -> list[tuple[int, int]]:
-    out, pos = [], start
-    for m in pattern.finditer(text, start, end):
-        if m.start() > pos:
-            out.append((pos, m.start()))
-        pos = m.end()
-    if pos < end:
-        out.append((pos, end))
-    return out
-
-
-def paragraphs(text: str) -> list[str]:
-    """The paragraphs `split_windows` counts first, and their stripped forms (a one-paragraph
-    document becomes one window whose text is its stripped paragraph): what to count in a batch."""
-    out = [text[s:e] for s, e in _spans(text, _PARA, 0, len(text))]
-    return out + [t.strip() for t in out]
-
-
-def _hard_split(text: str, start: int, end: int, limit: int, count: Counter) -> list[tuple[int, int]]:
-    """Split a span with no usable boundary at word gaps (or characters) so each piece fits."""
-    out: list[tuple[int, int]] = []
-    pos = start
-    while pos < end:
-        lo, hi = pos + 1, end
-        while lo < hi:  # largest piece end that still fits
-            mid = (lo + hi + 1) // 2
-            if count(text[pos:mid]) <= limit:
-                lo = mid
-            else:
-                hi = mid - 1
-        cut = lo
-        gap = text.rfind(" ", pos + 1, cut)
-        if cut < end and gap > pos:
-            cut = gap
-        out.append((pos, cut))
-        pos = cut
-        while pos < end and text[pos].isspace():
-            pos += 1
-    return out
+def iter_windows(doc: Document, limit: int, count: Counter) -> Iterator[Window]:
+    """The windows of `doc`, in order, as its text arrives (a streamed file never is whole in memory)."""
+    return windows_of(doc.id, doc.blocks(), limit, count)
 
 
 def split_windows(doc: Document, limit: int, count: Counter) -> list[Window]:
     """Greedy packing of paragraphs (then sentences, then word runs) into windows of <= limit tokens."""
-    text = doc.text
-    segments: list[tuple[int, int]] = []
-    for ps, pe in _spans(text, _PARA, 0, len(text)):
-        if count(text[ps:pe]) <= limit:
-            segments.append((ps, pe))
-            continue
-        for ss, se in _spans(text, _SENT, ps, pe):
-            if count(text[ss:se]) <= limit:
-                segments.append((ss, se))
-            else:
-                segments.extend(_hard_split(text, ss, se, limit, count))
-    windows: list[Window] = []
-    cur: tuple[int, int] | None = None
-    for s, e in segments:
-        if not text[s:e].strip():
-            continue
-        if cur is not None and count(text[cur[0] : e]) <= limit:
-            cur = (cur[0], e)
-            continue
-        if cur is not None:
-            windows.append(_window(doc, len(windows), cur, count))
-        cur = (s, e)
-    if cur is not None:
-        windows.append(_window(doc, len(windows), cur, count))
-    return windows
-
-
-def _window(doc: Document, idx: int, span: tuple[int, int], count: Counter) -> Window:
-    s, e = span
-    while s < e and doc.text[s].isspace():
-        s += 1
-    while e > s and doc.text[e - 1].isspace():
-        e -= 1
-    piece = doc.text[s:e]
-    return Window(doc_id=doc.id, idx=idx, char_start=s, char_end=e, text=piece, n_tokens=count(piece))
+    return list(iter_windows(doc, limit, count))

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import errors
+from . import errors, lock
 from .anchor import attach
 from .config import TrainConfig, train_config_from_json
 from .dataparallel import DataParallel, check_dp, make_groups
@@ -36,6 +36,7 @@ from .packing import pack, unpack
 from .placement import CPU, Placement
 from .records import TrainedUnit, UnitResult, commit_unit, start_run, stop_run
 from .registry import Registry, dumps, memctl_home
+from .registry.runs import interrupt_dead_runs
 from .train import (
     INTERRUPTED,
     TrainEvent,
@@ -173,7 +174,7 @@ class _Plan:
 
 
 def _raise(error: tuple[str, str]) -> None:
-    cls = getattr(errors, error[0], None)
+    cls = getattr(errors, error[0], None) or getattr(lock, error[0], None)  # BankBusy lives in memctl.lock
     if not (isinstance(cls, type) and issubclass(cls, MemctlError)):
         cls = MemctlError
     raise cls(error[1])
@@ -199,14 +200,16 @@ def train_distributed(
     check_dp(dp, world.size)
     if place.device.type == "cuda":  # nccl and its object collectives use the current device
         torch.cuda.set_device(place.device)
-    with process_group(world):
+    with process_group(world), ExitStack() as held:  # rank 0 holds the writer lock until its last commit
         group = make_groups(world.size, dp, world.rank)
         reg, anchor, handle, result = None, None, None, TrainResult(bank=name, rank=world.rank, world=world.size)
         plan = _Plan("", [], [])
         try:
             if world.rank == 0:  # checks, configuration, preparation: everything that writes
                 try:
+                    held.enter_context(lock.bank_lock(name, home))  # one writer at a time (memctl.lock)
                     reg = Registry.open(name, home)
+                    interrupt_dead_runs(reg)  # we hold the lock: a run still 'running' is a killed process's
                     tcfg, todo, done = plan_training(reg, overrides, subtree, retrain, restart, place)
                     plan = _Plan(dumps(dataclasses.asdict(tcfg)), todo, done)
                     if todo:

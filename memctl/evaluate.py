@@ -37,7 +37,7 @@ from .probes import PROBE_TOKENS, Probe, file_sha256, is_correct
 from .rag import with_context
 from .relevance import gate
 from .serve import BankSession, greedy
-from .tree import best_matching, route_avoiding, route_beam
+from .tree import best_matching
 
 Progress = Callable[[str, int, int], None]
 SETUPS = ("anchor", "generic", "fetched", "rag", "rag+fetched", "oracle-rag", "fetched-corrupted")
@@ -96,7 +96,7 @@ class Job:
 class Plan:
     probes: list[Probe]
     jobs: list[Job]
-    routes: np.ndarray  # (N, p) greedy route of each probe
+    routes: np.ndarray  # (N, p) route of each probe (the bank's routing rule)
     agree: np.ndarray  # (N, p) bool: routed into a node of its document at each level
     known: np.ndarray  # (N,) bool: the probe's document is in the bank
     blocked: dict[float, list[list[tuple[int, int]]]]  # fraction -> per probe, the nodes blocked
@@ -188,7 +188,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
                     wrong[0, -1] = sib
                     add(s, i, p.prompt, "fetched", wrong, str(sib))
     if opts.beam > 1:  # the gate judges a probe on its top leaf, as for fetched
-        beams = gate(route_beam(tree, x, opts.beam), off)
+        beams = gate(session.router.beam(x, opts.beam), off)
         for i, p in enumerate(probes):
             add(f"fetched beam={opts.beam}", i, p.prompt, "fetched", beams[i])
     blocked: dict[float, list[list[tuple[int, int]]]] = {}
@@ -200,7 +200,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
             nodes = best_matching(tree, x[i], f)
             blocked[f].append(nodes)
             if opts.blocking == "reroute":  # as in a bank without those nodes: the gate judges the new leaf
-                path = route_avoiding(tree, x[i], set(nodes))
+                path = session.router.route_avoiding(x[i], set(nodes))
                 off_i = session.unrelated(x[i : i + 1], path[None])
             else:
                 path = np.array([-1 if (lvl + 1, int(n)) in nodes else int(n) for lvl, n in enumerate(routes[i])])
@@ -211,7 +211,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
     if session.relevance_floor > 0 and (gated_setups or opts.beam > 1 or any(opts.fractions)):
         ppl_off = {j.index for j in ppl_jobs if j.off}
         notes.append(
-            f"relevance gate (floor {session.relevance_floor:.3f}, cosine to the routed leaf): "
+            f"relevance gate (floor {session.relevance_floor:.3f}, {session.router.routing} routing): "
             f"{int(off.sum())} of {len(probes)} probes"
             + (f" and {len(ppl_off)} of {len(ppl_texts)} perplexity documents" if ppl_jobs else "")
             + " judged unrelated to the bank, answered by the anchor alone (no memory, nothing retrieved) "

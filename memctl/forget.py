@@ -33,6 +33,7 @@ from .checkpoint import drop_checkpoint, has_checkpoint
 from .config import TrainConfig, train_config_from_json
 from .errors import InputError, MemctlError
 from .evaluate import evaluate
+from .lock import bank_lock
 from .preserve import prepare_pool
 from .privacy import check_docs, doc_blocks, parse_tags
 from .probes import Probe, is_correct
@@ -269,8 +270,44 @@ def forget(
     progress: Progress | None = None,
     train_progress: Callable[[TrainEvent], None] | None = None,
 ) -> ForgetReport:
-    """Carry out a plan (see the module doc). Raises ForgetInterrupted, with nothing changed, on Ctrl-C."""
+    """Carry out a plan (see the module doc). Raises ForgetInterrupted, with nothing changed, on Ctrl-C.
+
+    It holds the bank's writer lock (memctl.lock) and plans again under it: another writer (a second
+    forget, say) may have committed since `plan` was made, and retraining must start from what the
+    bank holds now, or that writer's removal would be undone."""
     home = home or memctl_home()
+    with bank_lock(plan.bank, home):
+        fresh, gone = replan(plan, home)
+        report = _forget(fresh, probes=probes, home=home, progress=progress, train_progress=train_progress)
+    if gone:
+        report.notes.append(f"{len(gone)} document(s) were forgotten meanwhile by another command: {', '.join(gone)}")
+    return report
+
+
+def replan(plan: ForgetPlan, home: Path) -> tuple[ForgetPlan, list[str]]:
+    """The plan made again on the bank as it is now; (plan, documents no longer in the bank)."""
+    reg = Registry.open(plan.bank, home)
+    try:
+        held = {r[0] for r in reg.db.execute("select id from documents")}
+    finally:
+        reg.close()
+    gone = [d for d in plan.docs if d not in held]
+    if len(gone) == len(plan.docs):
+        raise InputError(
+            f"bank {plan.bank!r} no longer holds {'any of these documents' if len(gone) > 1 else repr(gone[0])}: "
+            "forgotten meanwhile by another command"
+        )
+    return plan_forget(plan.bank, [d for d in plan.docs if d in held], mode=plan.mode, home=home), gone
+
+
+def _forget(
+    plan: ForgetPlan,
+    *,
+    probes: Sequence[Probe] | None,
+    home: Path,
+    progress: Progress | None,
+    train_progress: Callable[[TrainEvent], None] | None,
+) -> ForgetReport:
     t0 = time.perf_counter()
     # the proof is about parameters, blocked or not, and about every text: no relevance gate
     session = BankSession(plan.bank, home, serve_blocked=True, min_relevance=0.0)

@@ -9,17 +9,18 @@ directory): an error anywhere leaves the bank as it was.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .config import BankConfig
-from .corpus import Counter, Document, Window, paragraphs, split_windows
+from .corpus import Counter, Document, Window, iter_windows, paragraphs
 from .embed import Embedder
 from .errors import InputError
 from .privacy import join_tags, parse_tags
@@ -38,12 +39,25 @@ class TokenCounter:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.memo: dict[str, int] = {}
+        self.offsets = True  # whether the tokenizer reports offsets (see prefix_end)
 
     def __call__(self, text: str) -> int:
         n = self.memo.get(text)
         if n is None:
             n = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         return n
+
+    def prefix_end(self, text: str, n: int) -> int | None:
+        """Where the first `n` tokens of `text` end (a character offset), or None if it has fewer
+        (or the tokenizer gives no offsets): one tokenizer pass instead of a bisection."""
+        if not self.offsets:
+            return None
+        try:
+            spans = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        except (NotImplementedError, KeyError, TypeError, ValueError):
+            self.offsets = False  # a slow tokenizer: the caller bisects
+            return None
+        return int(spans[n - 1][1]) if len(spans) > n else None
 
     def prime(self, texts: list[str]) -> None:
         todo = [t for t in dict.fromkeys(texts) if t not in self.memo]
@@ -68,11 +82,11 @@ class StreamResult:
 
 
 class Spool:
-    """Float32 rows appended chunk by chunk to a file, read back as one read-only memmap (N, dim)."""
+    """Float32 rows appended chunk by chunk to an unnamed temporary file, read back as one read-only
+    memmap (N, dim). The file has no name: a killed ingest leaves nothing of it behind."""
 
-    def __init__(self, directory: Path) -> None:
-        self.path = directory / "embeddings.f32"
-        self._file = self.path.open("wb")
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile(prefix=f"memctl-ingest-{os.getpid()}-")
         self.n = 0
         self.dim = 0
 
@@ -85,10 +99,13 @@ class Spool:
         self.n += len(rows)
 
     def array(self) -> np.ndarray:
-        self._file.close()
+        self._file.flush()
         if self.n == 0:
             return np.zeros((0, self.dim), np.float32)
-        return np.memmap(self.path, dtype=np.float32, mode="r", shape=(self.n, self.dim))
+        return np.memmap(self._file, dtype=np.float32, mode="r", shape=(self.n, self.dim))
+
+    def close(self) -> None:
+        self._file.close()  # a memmap from `array` keeps its own mapping
 
 
 class _Timer:
@@ -183,8 +200,7 @@ def stream_ingest(
     stamp = now()
     added, skipped, tagged, n_windows = 0, 0, 0, 0
     touched: list[np.ndarray] = []  # trained bank: routes of the new windows, per chunk
-    with tempfile.TemporaryDirectory(prefix="memctl-ingest-") as tmp:
-        spool = Spool(Path(tmp))
+    with contextlib.closing(Spool()) as spool:
         pend_docs: list[Document] = []
         pend_wins: list[Window] = []
 
@@ -220,14 +236,20 @@ def stream_ingest(
 
         def window_group() -> None:
             if batched:
-                count.prime([p for d in group for p in paragraphs(d.text)])
+                count.prime([p for d in group for p in paragraphs(d.text, window)])
             for d in group:
                 pend_docs.append(d)
-                pend_wins.extend(split_windows(d, window, count))
+                for w in iter_windows(d, window, count):
+                    pend_wins.append(w)
+                    if d.file is not None and len(pend_wins) >= chunk:  # a streamed file: chunk by chunk
+                        f0 = time.perf_counter()
+                        flush()
+                        inner[0] += time.perf_counter() - f0
             if batched:
                 count.clear()
             group.clear()
 
+        inner = [0.0]  # seconds of the flushes inside window_group (a streamed file): not reading
         t0 = time.perf_counter()
         for d in docs:
             held = dedup.holder(d)
@@ -237,16 +259,19 @@ def stream_ingest(
                     continue  # held by this chunk, not written yet: it gets the tags when written
                 tagged += add_tags(r, [held], tags)
                 continue
+            if d.file is not None and group:
+                window_group()  # a streamed file is windowed alone: its flushes leave no grouped document unwritten
             group.append(d)
             added += 1
-            if len(group) >= group_size:
+            if len(group) >= group_size or d.file is not None:
                 window_group()
                 if len(pend_wins) >= chunk:
-                    timer.add("read", t0)
+                    timer.add("read", t0 + inner[0])
+                    inner[0] = 0.0
                     flush()
                     t0 = time.perf_counter()
         window_group()
-        timer.add("read", t0)
+        timer.add("read", t0 + inner[0])
         if pend_docs:
             flush()
         if res is None:
@@ -295,7 +320,7 @@ def _write_chunk(
                 "source": d.source,
                 "title": d.title,
                 "sha256": d.sha256,
-                "n_chars": len(d.text),
+                "n_chars": d.n_chars,
                 "tags": tags,
                 "added": stamp,
             }

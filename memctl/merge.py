@@ -30,6 +30,7 @@ from .anchor import attach
 from .checkpoint import drop_checkpoint
 from .distill import PrepareReport
 from .errors import BankStateError, InputError, MemctlError
+from .lock import bank_lock
 from .memory import PARTS
 from .placement import placement
 from .records import TrainedUnit, UnitResult, record_unit, run_row, write_unit
@@ -281,7 +282,12 @@ def merge(name: str, dirs: list[Path], *, home: Path | None = None) -> MergeResu
     """Check every directory, then record all their units in one transaction (or nothing)."""
     if not dirs:
         raise InputError("give at least one directory written by `memctl train --out`")
-    reg = Registry.open(name, home or memctl_home())
+    with bank_lock(name, home):  # one writer at a time (memctl.lock)
+        return _merge(name, dirs, home or memctl_home())
+
+
+def _merge(name: str, dirs: list[Path], home: Path) -> MergeResult:
+    reg = Registry.open(name, home)
     try:
         tree, data = tree_fingerprint(reg), data_fingerprint(reg)
         loaded: list[tuple[Path, dict[str, Any], TrainedUnit]] = []

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError
+from .lock import writer
 from .registry import Registry, block_id, now
 from .tree import best_matching
 
@@ -160,6 +161,7 @@ def _param_share(reg: Registry) -> float:
     return row[0] / row[1] if row[1] else 0.0
 
 
+@writer
 def set_blocked(
     name: str,
     blocked: bool,
@@ -172,7 +174,8 @@ def set_blocked(
     reason: str = "",
     home: Path | None = None,
 ) -> BlockChange:
-    """Block (or unblock) the selected blocks, in one transaction, with reason and time."""
+    """Block (or unblock) the selected blocks, in one transaction, with reason and time; holding the
+    bank's writer lock (memctl.lock), re-entered when the caller already holds it (the CLI does)."""
     reg = Registry.open(name, home)
     try:
         if everything:

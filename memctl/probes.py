@@ -27,15 +27,19 @@ class Probe:
 
 
 def load_probes(path: str | Path) -> list[Probe]:
-    """Read probe JSONL ({doc, kind, prompt, answers}); a bad line is an InputError naming the file
-    and the line."""
+    """Read probe JSONL ({doc, kind, prompt, answers}); a missing, unreadable or bad file, and a bad
+    line, is a one-line InputError naming the file (and the line)."""
     p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{path}: is a directory, not a probe file (JSONL)")
     if not p.is_file():
         raise InputError(f"{path}: no such probe file")
     try:
         text = p.read_text(encoding="utf-8", errors="strict")
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:  # permission denied, an I/O error, or the file went away
+        raise InputError(f"{path}: cannot read the probe file ({e.strerror or type(e).__name__})") from None
     probes = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

@@ -14,6 +14,11 @@ their own leaves (on the elements bank with MiniLM, 0.3 x 0.756 = 0.227; its 384
 lie at 0.33 and above, the 27 unrelated docstrings and some small talk at 0.16 and below). `min_relevance` overrides it;
 0 turns the gate off.
 
+That is the rule of a bank that routes by the tree. A bank that routes by its nearest window
+(memctl.routing, the default for new banks) reads the cosine to the nearest window of the leaf it
+fetches, a sharper test of "about the bank" than a centroid that averages a whole cluster, and
+calibrates its floor on how close the bank's windows lie to one another (`NEAREST_SHARE`).
+
 Pure numeric code over the tree's centroids; the registry read that samples the windows is
 `memctl.api.Memories.relevance_floor`.
 """
@@ -25,6 +30,14 @@ import numpy as np
 from .tree import Tree, route
 
 RELEVANCE_SHARE = 0.3  # floor = this share of the median window's similarity to its own leaf
+# A bank that routes by its nearest window (memctl.routing) gates on the cosine to that window, and
+# its floor is this share of the median cosine of a window to its nearest other window. Measured on
+# three corpora with MiniLM (docs/corpora.md), as multiples of that median: the probes' lowest reading
+# 0.63 (fictional), 0.70 (foldoc), 0.91 (elements); the 27 unrelated docstrings' highest 0.45, 1.05,
+# 0.40 (foldoc's computing definitions lie close to Python docstrings). 0.6 would separate them
+# best on these three, with no margin on fictional; a corpus of templated windows (tickets, forms)
+# lies closer together than its questions lie to it, so the floor keeps a wide margin below.
+NEAREST_SHARE = 0.45
 CALIBRATION_WINDOWS = 4096  # windows sampled (evenly by id) to calibrate a bank's floor
 
 

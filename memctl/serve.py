@@ -32,7 +32,7 @@ class Answer:
     withheld: list[str] = field(default_factory=list)  # blocks on the path that are blocked or out of reach
     timings: dict[str, float] = field(default_factory=dict)
     retrieved: dict[str, Any] | None = None  # RAG: the window put in the prompt (id, document, title, score)
-    relevance: float | None = None  # cosine of the prompt to its routed leaf (memctl.relevance)
+    relevance: float | None = None  # the gate's reading of the prompt (memctl.routing.Router.similarity)
     unrelated: bool = False  # below the bank's relevance floor: nothing fetched or retrieved, the anchor answered
 
 

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from .errors import IntegrityError
 from .memory import PARTS, Fetched, LevelFetch, Packed, pack_int8, packed_bytes
 from .placement import CPU, Placement
 from .privacy import reachable_blocks
@@ -176,7 +177,13 @@ class BlockStore:
         if row is None:
             return None
         ahead = read.pop(key, None) if read else None  # read before a refresh: only if the file is still this row's
-        raw = ahead[1] if ahead and ahead[0] == row["sha256"] else self.reg.read_block(row)
+        if ahead and ahead[0] == row["sha256"]:
+            raw = ahead[1]
+        else:
+            got = self._read(key, row)
+            if got is None:
+                return None
+            row, raw = got
         block = raw
         if self.place != CPU:
             block = {p: t.to(device=self.place.device, dtype=self.place.dtype) for p, t in raw.items()}
@@ -186,6 +193,22 @@ class BlockStore:
         self._cache[key] = (row["sha256"], block, n)
         self._evict(keep={key})
         return block
+
+    def _read(self, key: Key, row: dict) -> tuple[dict, dict[str, torch.Tensor]] | None:
+        """(row, tensors) of a block's file. A writer may have replaced the block, and swept its old
+        file, since the last look at the registry: then the new row is read (or None, when the block
+        was dropped or withheld meanwhile). A file that fails its checksum for the row that still
+        names it is damage, and raises."""
+        try:
+            return row, self.reg.read_block(row)
+        except IntegrityError:
+            self.refresh(force=True)
+            fresh = self._rows.get(key)
+            if fresh is not None and fresh["sha256"] == row["sha256"]:
+                raise
+        if fresh is None:
+            return None
+        return fresh, self.reg.read_block(fresh)
 
     # ---- what a forward pass uses ----------------------------------------------------------------
     def fetch_paths(self, paths: np.ndarray) -> Fetched:
@@ -233,8 +256,15 @@ class BlockStore:
             return {}
         with ThreadPoolExecutor(min(len(todo), READERS)) as pool:
             rows = [self._rows[k] for k in todo]
-            blocks = pool.map(self.reg.read_block, rows)
-            return {k: (r["sha256"], b) for k, r, b in zip(todo, rows, blocks, strict=True)}
+            blocks = pool.map(self._try_read, rows)
+            return {k: (r["sha256"], b) for k, r, b in zip(todo, rows, blocks, strict=True) if b is not None}
+
+    def _try_read(self, row: dict) -> dict[str, torch.Tensor] | None:
+        """A block read ahead, or None when its file failed (`get` reads it again, after a refresh)."""
+        try:
+            return self.reg.read_block(row)
+        except IntegrityError:
+            return None
 
     def fetch_generic(self, batch: int, off: Sequence[bool] | np.ndarray | None = None) -> Fetched:
         """The generic block for every row of a batch but those marked in `off` (nothing for them)."""

@@ -46,12 +46,14 @@ from .config import TrainConfig, train_config_from_json
 from .dataparallel import DataParallel
 from .distill import PrepareReport, generate_prompts, heldout_accuracy, heldout_loss, heldout_prompts, prepare
 from .errors import BankStateError, InputError, MemctlError
+from .lock import bank_lock
 from .optim import BlockAdamW, clip_grad_norm, lr_at
 from .placement import CPU, Placement, placement
 from .prefix import head_split_matches
 from .preserve import prepare_pool
 from .records import TrainedUnit, UnitResult, commit_unit, start_run, stop_run
-from .registry import Registry, dumps, memctl_home
+from .registry import Registry, dumps, memctl_home, now
+from .registry.runs import interrupt_dead_runs, retrained_since
 from .stopping import should_stop
 from .units import UnitParams, unit_of, units_to_train
 
@@ -347,8 +349,30 @@ def train(
             progress=progress, max_steps=max_steps, dp=dp, place=place,
         )  # fmt: skip
     home = home or memctl_home()
-    reg = Registry.open(name, home)
-    tcfg, todo, done = plan_training(reg, overrides, subtree, retrain, restart, place)
+    asked = now()
+    with bank_lock(name, home) as waited:  # one writer at a time (memctl.lock)
+        reg = Registry.open(name, home)
+        interrupt_dead_runs(reg)  # we hold the lock: a run still 'running' is a killed process's
+        tcfg, todo, done = plan_training(reg, overrides, subtree, retrain, restart, place)
+        if waited and retrain:  # units another writer retrained alike while we waited are done
+            pending, _ = units_to_train(reg, subtree, False)
+            config = dumps(dataclasses.asdict(tcfg))
+            fresh = [u for u in retrained_since(reg, todo, asked, config) if u not in pending]
+            todo, done = [u for u in todo if u not in fresh], done + fresh
+        return _train_units(reg, home, place, tcfg, todo, done, progress, max_steps)
+
+
+def _train_units(
+    reg: Registry,
+    home: Path,
+    place: Placement,
+    tcfg: TrainConfig,
+    todo: list[str],
+    done: list[str],
+    progress: Callable[[TrainEvent], None] | None,
+    max_steps: int | None,
+) -> TrainResult:
+    name = reg.name
     result = TrainResult(bank=name, skipped=done)
     if not todo:
         return result

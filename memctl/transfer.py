@@ -3,8 +3,9 @@
 An archive is a plain tar of exactly `manifest.json`, `registry.db` (a consistent SQLite snapshot) and
 `blocks/<file>` per exported block. With access tags, only the blocks they reach leave, with only the
 documents carrying one of them, and the snapshot is rebuilt so the rest leaves no bytes behind.
-Import checks members, manifest, registry, blocks (checksums, headers) and the anchor's identity in a
-staging directory that becomes the bank in one rename; no tensor is loaded while checking.
+Import checks members and manifest (memctl/archive.py), then registry, blocks (checksums, headers) and
+the anchor's identity in a staging directory that becomes the bank in one rename; no tensor is loaded
+while checking. Both hold the bank's writer lock (memctl.lock); import takes it under the new bank's name.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import sqlite3
 import tarfile
@@ -25,23 +25,17 @@ from pathlib import Path
 from typing import IO, Any
 
 from .anchor import fingerprint, resolve_anchor
+from .archive import BLOCK_KEYS, BLOCKS, FORMAT, MANIFEST, REGISTRY, VERSION, check_members, check_sizes, read_manifest
 from .config import BankConfig, MemoryConfig
 from .errors import AnchorError, BankStateError, InputError, IntegrityError
+from .leftovers import archive_file, name_unnamed, sweep_export_leftovers
+from .lock import bank_lock, writer
 from .memory import PARTS
 from .privacy import doc_tags, reachable_blocks
 from .registry import Registry, check_name, memctl_home, now
 from .registry.blockfile import read_header
 from .registry.migrations import MIGRATIONS
 from .registry.private import create_private, private_dir
-
-FORMAT = "memctl-bank"
-VERSION = 1
-MANIFEST, REGISTRY, BLOCKS = "manifest.json", "registry.db", "blocks/"
-BLOCK_FILE = re.compile(r"^(L\d{1,2}-\d{6,12}|generic)\.[0-9a-f]{16}\.safetensors$")
-MAX_MANIFEST = 64 * 2**20
-_KEYS = ("format", "version", "bank", "created", "schema_version", "anchor_sha256", "config", "allow")
-_KEYS += ("registry_sha256", "blocks")
-_BLOCK_KEYS = {"id": str, "level": int, "idx": int, "file": str, "sha256": str, "bytes": int}
 
 
 @dataclass
@@ -64,6 +58,7 @@ class ImportResult:
 
 
 # ---- export ---------------------------------------------------------------------------------------
+@writer  # it logs the export, and no sweep may remove a block file it is copying (memctl.lock)
 def export_bank(
     name: str,
     out: Path,
@@ -83,14 +78,20 @@ def export_bank(
     if allow is not None and not allow:
         raise InputError("--allow needs at least one tag")
     reg = Registry.open(name, home)
+    sweep_export_leftovers(reg.path, out)
     part = out.with_name(f".{out.name}.part{os.getpid()}")
+    fd, named = archive_file(out.parent, part)
     try:
         try:
-            manifest, documents = _snapshot(reg, allow, part)
+            manifest, documents = _snapshot(reg, allow, fd)
+            if not named:  # give the unnamed file a name only now that it is whole
+                name_unnamed(fd, part)
             os.replace(part, out)
         except BaseException:
             part.unlink(missing_ok=True)
             raise
+        finally:
+            os.close(fd)
         n = len(manifest["blocks"])
         reg.log("export", str(out), "", {"allow": manifest["allow"], "blocks": n})
     finally:
@@ -98,8 +99,9 @@ def export_bank(
     return ExportResult(name, out, n, documents, out.stat().st_size, manifest["allow"])
 
 
-def _snapshot(reg: Registry, allow: frozenset[str] | None, part: Path) -> tuple[dict[str, Any], int]:
-    """Snapshot the registry, restrict it to `allow`, write the archive to `part`. Returns (manifest, documents).
+def _snapshot(reg: Registry, allow: frozenset[str] | None, fd: int) -> tuple[dict[str, Any], int]:
+    """Snapshot the registry, restrict it to `allow`, write the archive to file descriptor `fd`. Returns
+    (manifest, documents).
     The unfiltered working copy holds private text: it stays on the bank's own disk, never next to the archive."""
     work = reg.path / f".export{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
@@ -130,11 +132,12 @@ def _snapshot(reg: Registry, allow: frozenset[str] | None, part: Path) -> tuple[
             "config": bank["config"],
             "allow": sorted(allow) if allow is not None else None,
             "registry_sha256": registry_sha,
+            "registry_bytes": _size(work / REGISTRY),
             "blocks": [
-                {k: r[k] for k in _BLOCK_KEYS if k != "bytes"} | {"bytes": _size(reg.path / r["file"])} for r in rows
+                {k: r[k] for k in BLOCK_KEYS if k != "bytes"} | {"bytes": _size(reg.path / r["file"])} for r in rows
             ],
         }
-        _write_archive(part, manifest, work / REGISTRY, reg.path)
+        _write_archive(fd, manifest, work / REGISTRY, reg.path)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return manifest, documents
@@ -170,9 +173,9 @@ def _restrict(copy: Registry, allow: frozenset[str], keep: set[str]) -> None:
     copy.vacuum()
 
 
-def _write_archive(part: Path, manifest: dict[str, Any], db_path: Path, bank_dir: Path) -> None:
+def _write_archive(fd: int, manifest: dict[str, Any], db_path: Path, bank_dir: Path) -> None:
     """manifest, registry, then each block (checksum verified while it streams in); fsynced."""
-    with os.fdopen(create_private(part), "wb") as f:  # 0600: the archive holds the bank's text
+    with os.fdopen(fd, "wb", closefd=False) as f:  # 0600: the archive holds the bank's text
         with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
             data = json.dumps(manifest, indent=1, sort_keys=True).encode()
             _add(tar, MANIFEST, io.BytesIO(data), len(data))
@@ -237,80 +240,30 @@ def import_bank(
             f"{archive} is not a memctl bank archive (an uncompressed tar from `memctl export`): {e}"
         ) from None
     with tar:
-        members = _check_members(tar, archive)
-        manifest = _read_manifest(tar, members[MANIFEST], archive)
+        members = check_members(tar, archive)
+        manifest = read_manifest(tar, members[MANIFEST], archive)
+        check_sizes(members, manifest, archive)
         name = check_name(name or manifest["bank"])
         final = Registry.bank_dir(name, home)
-        if final.exists():
-            raise BankStateError(f"bank {name!r} already exists at {final}; import under another name (--name)")
-        staging = final.with_name(f".{name}.import{os.getpid()}")
-        try:
-            shutil.rmtree(staging, ignore_errors=True)
-            private_dir(staging / "blocks")  # 0700, the bank's directory with it
-            files = _extract(tar, members, staging, archive)
-            result = _adopt(staging, name, manifest, files, anchor, archive)
+        with bank_lock(name, home):  # the new bank's name, locked before its directory exists (memctl.lock)
             if final.exists():
-                raise BankStateError(f"bank {name!r} appeared at {final} during the import; import under another name")
-            os.rename(staging, final)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+                raise BankStateError(f"bank {name!r} already exists at {final}; import under another name (--name)")
+            staging = final.with_name(f".{name}.import{os.getpid()}")
+            try:
+                shutil.rmtree(staging, ignore_errors=True)
+                private_dir(staging / "blocks")  # 0700, the bank's directory with it
+                files = _extract(tar, members, staging, archive)
+                result = _adopt(staging, name, manifest, files, anchor, archive)
+                if final.exists():
+                    raise BankStateError(
+                        f"bank {name!r} appeared at {final} during the import; import under another name"
+                    )
+                os.rename(staging, final)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
     result.path = final
     return result
-
-
-def _check_members(tar: tarfile.TarFile, archive: Path) -> dict[str, tarfile.TarInfo]:
-    """Only regular files with the names an export writes, each once; manifest and registry present."""
-    try:
-        infos = tar.getmembers()
-    except (tarfile.TarError, OSError) as e:
-        raise InputError(f"{archive} is truncated or corrupted: {e}") from None
-    members: dict[str, tarfile.TarInfo] = {}
-    for m in infos:
-        if not m.isreg():
-            kind = "link" if m.issym() or m.islnk() else "directory" if m.isdir() else "special file"
-            raise InputError(f"{archive}: member {m.name!r} is a {kind}; a bank archive holds only regular files")
-        ok = m.name in (MANIFEST, REGISTRY) or (m.name.startswith(BLOCKS) and BLOCK_FILE.match(m.name[len(BLOCKS) :]))
-        if not ok:
-            raise InputError(
-                f"{archive}: unexpected member {m.name!r}; a bank archive holds only {MANIFEST}, {REGISTRY} and "
-                f"{BLOCKS}*.safetensors"
-            )
-        if m.name in members:
-            raise InputError(f"{archive}: member {m.name!r} appears twice")
-        members[m.name] = m
-    for need in (MANIFEST, REGISTRY):
-        if need not in members:
-            raise InputError(f"{archive} has no {need}; it is not a bank archive from `memctl export`")
-    return members
-
-
-def _read_manifest(tar: tarfile.TarFile, info: tarfile.TarInfo, archive: Path) -> dict[str, Any]:
-    if info.size > MAX_MANIFEST:
-        raise InputError(f"{archive}: {MANIFEST} is {info.size} bytes, too big for a bank manifest")
-    try:
-        src = tar.extractfile(info)
-        assert src is not None  # a regular file
-        manifest = json.loads(src.read())
-    except (tarfile.TarError, OSError, ValueError) as e:
-        raise InputError(f"{archive}: {MANIFEST} is not readable JSON: {e}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise InputError(f"{archive}: {MANIFEST} is not a {FORMAT} manifest")
-    if manifest.get("version") != VERSION:
-        raise InputError(
-            f"{archive}: archive format version {manifest.get('version')!r} is not {VERSION}; upgrade memctl"
-        )
-    missing = [k for k in _KEYS if k not in manifest]
-    if missing:
-        raise InputError(f"{archive}: {MANIFEST} lacks {', '.join(missing)}")
-    blocks = manifest["blocks"]
-    good = isinstance(blocks, list) and all(
-        isinstance(b, dict) and all(isinstance(b.get(k), t) for k, t in _BLOCK_KEYS.items()) for b in blocks
-    )
-    good = good and all(isinstance(manifest[k], str) for k in ("bank", "anchor_sha256", "config", "registry_sha256"))
-    if not good or not (manifest["allow"] is None or isinstance(manifest["allow"], list)):
-        raise InputError(f"{archive}: {MANIFEST} is malformed (a field has the wrong type)")
-    return manifest
 
 
 def _extract(

@@ -17,7 +17,7 @@ from memctl import evaluate as ev
 from memctl.bank import ingest
 from memctl.chat import Chat, ChatSettings, describe
 from memctl.cli import app
-from memctl.relevance import RELEVANCE_SHARE, calibrate, gate, leaf_similarity, unrelated
+from memctl.relevance import NEAREST_SHARE, RELEVANCE_SHARE, calibrate, gate, leaf_similarity, unrelated
 from memctl.serve import BankSession
 from memctl.train import train
 from memctl.tree import Tree, route
@@ -55,11 +55,26 @@ def test_leaf_similarity_calibration_and_gate_are_plain_cosines() -> None:
     assert (g[off] == -1).all() and (g[~off] == paths[~off]).all() and (paths >= 0).all()  # a copy
 
 
-def test_floor_is_calibrated_on_the_banks_windows(home: Path, bank: str) -> None:
+@pytest.fixture(params=["nearest", "tree"])
+def routed_bank(request: pytest.FixtureRequest, home: Path, corpus: Path, tiny_anchor: Path) -> str:
+    ingest("r", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home, routing=request.param)
+    train("r", {"epochs": 1, "batch_size": 2}, home=home)
+    return "r"
+
+
+def test_floor_is_calibrated_on_the_banks_windows(home: Path, routed_bank: str) -> None:
+    bank = routed_bank
     with Memories(bank, home) as mem:
         _, x = mem.reg.embeddings()
-        sims = leaf_similarity(mem.tree, x, route(mem.tree, x))
-        assert mem.relevance_floor == pytest.approx(RELEVANCE_SHARE * float(np.median(sims)))
+        if mem.router.routing == "tree":  # cosine to the leaf's centroid, a share of the windows' median
+            sims = leaf_similarity(mem.tree, x, route(mem.tree, x))
+            assert mem.relevance_floor == pytest.approx(RELEVANCE_SHARE * float(np.median(sims)))
+        else:  # cosine to the nearest window; floor: a share of the median cosine to the nearest other window
+            s = x @ x.T
+            np.fill_diagonal(s, -np.inf)
+            assert mem.relevance_floor == pytest.approx(NEAREST_SHARE * float(np.median(s.max(1))), rel=1e-5)
+            sims = mem.router.similarity(x, mem.router.route(x))
+            assert np.allclose(sims, 1.0, atol=1e-5)  # a window is its own nearest window
         assert 0 < mem.relevance_floor < float(sims.min())  # every window of the bank passes its own gate
         off = mem.unrelated(mem.embedder.encode([RELATED, UNRELATED]), mem.route([RELATED, UNRELATED]))
         assert off.tolist() == [False, True]
@@ -187,7 +202,8 @@ def test_rag_retrieves_nothing_for_a_prompt_the_gate_left_to_the_anchor(home: Pa
     assert bad.exit_code != 0 and "[0, 1]" in bad.output and "Traceback" not in bad.output
 
 
-def test_calibration_samples_ids_evenly_and_survives_gaps(home: Path, bank: str) -> None:
+def test_calibration_samples_ids_evenly_and_survives_gaps(home: Path, routed_bank: str) -> None:
+    bank = routed_bank
     from memctl.relevance import sample_ids
 
     assert sample_ids(3, 7) == [3, 4, 5, 6, 7]
@@ -200,4 +216,5 @@ def test_calibration_samples_ids_evenly_and_survives_gaps(home: Path, bank: str)
         mem.reg.remove_documents(docs[1::2])  # gaps in the window ids, as forgetting leaves them
         _, x = mem.reg.embeddings()
         mem._floor = None
-        assert mem.relevance_floor == pytest.approx(calibrate(mem.tree, x)) and floor > 0
+        expected = calibrate(mem.tree, x) if mem.router.routing == "tree" else mem.router.calibrate(x)
+        assert mem.relevance_floor == pytest.approx(expected) and floor > 0

@@ -74,8 +74,11 @@ def _bank_files(reg: Registry) -> list[str]:
 
 
 def _leftovers(home: Path) -> list[str]:
-    """Everything under home/banks but the source bank: a refused import must leave this empty."""
-    return sorted(p.name for p in (home / "banks").iterdir() if p.name != "src")
+    """Everything under home/banks but the source bank and the writer lock file beside each bank that is
+    there (memctl.lock; a lock file of no bank is a leftover): a refused import must leave this empty."""
+    names = {p.name for p in (home / "banks").iterdir()}
+    locks = {f".{n}.lock" for n in names}
+    return sorted(n for n in names - locks if n != "src")
 
 
 def _members(archive: Path) -> dict[str, bytes]:

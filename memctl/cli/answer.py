@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Annotated, Any
 
@@ -20,7 +19,9 @@ from .common import (
     MinRelevanceOpt,
     app,
     err,
+    json_text,
     out,
+    print_json,
     run,
 )
 
@@ -64,7 +65,7 @@ def ask(
 
     d = run(go)
     if as_json:
-        out.print_json(json.dumps(d))
+        print_json(d)
         return
     out.print(d["answer"].strip(), highlight=False)
     where = {"none": "anchor alone", "generic": "generic memory"}.get(d["mode"])
@@ -115,11 +116,16 @@ def chat(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     min_relevance: MinRelevanceOpt = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Line mode that answers each stdin line with one JSON object per line.")
+    ] = False,
 ) -> None:
     """Chat with a bank: each turn fetches only the blocks its message routes to, and streams.
 
     In --plain mode, lines starting with / change settings: /mode fetched|generic|none, /rag on|off,
-    /route message|conversation, /compare (the last message in every mode), /quit."""
+    /route message|conversation, /compare (the last message in every mode), /quit. --json reads the
+    same lines and writes one JSON object per line: a turn (reply, path, labels, blocks, timings),
+    the settings after a / command, the turns of /compare, or {"error": ...}."""
     from ..chat import Chat, ChatSettings
     from ..placement import placement
     from ..privacy import parse_tags
@@ -127,7 +133,7 @@ def chat(
 
     def open_chat() -> Chat:
         settings = ChatSettings(mode=mode, rag=rag, route_on=route_on, max_new_tokens=max_new_tokens).check()
-        if not plain and not (sys.stdin.isatty() and sys.stdout.isatty()):
+        if not (plain or as_json) and not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise InputError("the chat app needs a terminal; use --plain for pipes and scripts")
         tags = parse_tags(allow) if allow is not None else None
         place = placement(device, dtype)
@@ -136,7 +142,9 @@ def chat(
 
     session_chat = run(open_chat)
     try:
-        if plain:
+        if as_json:
+            _json_chat(session_chat)
+        elif plain:
             _plain_chat(session_chat)
         else:
             from ..tui.chat import run_chat
@@ -187,3 +195,35 @@ def _plain_chat(c: Any) -> None:
         sys.stdout.write("\n")
         sys.stdout.flush()
         err.print(f"[dim]{describe(turn)}[/dim]", highlight=False)
+
+
+def _json_chat(c: Any) -> None:
+    """`chat --json`: each stdin line answered as one JSON line on stdout (errors too, as {"error": ...})."""
+    from dataclasses import asdict, replace
+
+    def emit(obj: Any) -> None:  # one line each, NaN as null (common.print_json's rule)
+        sys.stdout.write(json_text(obj) + "\n")
+        sys.stdout.flush()
+
+    for raw in sys.stdin:
+        line = raw.strip()
+        if not line:
+            continue
+        try:
+            if line.startswith("/"):
+                cmd, _, arg = line[1:].partition(" ")
+                arg = arg.strip()
+                if cmd == "quit":
+                    return
+                if cmd == "compare":
+                    emit({"compare": [asdict(t) for t in c.compare()]})
+                    continue
+                changes = {"mode": {"mode": arg}, "rag": {"rag": arg == "on"}, "route": {"route_on": arg}}.get(cmd)
+                if changes is None or (cmd == "rag" and arg not in ("on", "off")):
+                    raise InputError(f"unknown command {line!r}: /mode, /rag on|off, /route, /compare, /quit")
+                c.settings = replace(c.settings, **changes).check()
+                emit({"settings": asdict(c.settings)})
+                continue
+            emit(asdict(c.turn(line)))
+        except MemctlError as e:
+            emit({"error": str(e)})

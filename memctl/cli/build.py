@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -12,9 +11,11 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ..errors import InputError
 from .common import (
     BankOpt,
     JsonOpt,
+    NoWaitOpt,
     Rates,
     app,
     coverage_line,
@@ -22,6 +23,7 @@ from .common import (
     human_bytes,
     human_params,
     out,
+    print_json,
     run,
     stage_progress,
 )
@@ -48,6 +50,10 @@ def ingest(
         str | None, typer.Option(help="'minilm' (default) or 'hash' (deterministic test embedder).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the tree and the blocks' initial state.")] = 0,
+    routing: Annotated[
+        str | None,
+        typer.Option(help="How a context finds its blocks (new bank): 'nearest' window (default) or 'tree' descent."),
+    ] = None,
     tag: Annotated[
         list[str] | None,
         typer.Option(help="Label the documents (repeatable or comma-separated); `--allow` rules read the labels."),
@@ -56,17 +62,26 @@ def ingest(
         bool,
         typer.Option(help="Store the documents as never-trained references: the 'unseen' baseline of forget proofs."),
     ] = False,
+    allow_large_bank: Annotated[
+        bool, typer.Option(help="Allow --ranks/--tree that make a bank beyond 64 GiB (fp32) (new bank).")
+    ] = False,
+    no_wait: NoWaitOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Read documents, window, embed, cluster into a tree and register them in a bank."""
     from ..bank import ingest as do_ingest
-    from ..config import parse_int_list, parse_tree
+    from ..config import allow_large_bank as large_ok
+    from ..config import check_seed, parse_int_list, parse_tree
     from ..privacy import parse_tags
 
     def go() -> Any:
         tags = parse_tags(tag)
         t = parse_tree(tree) if tree else None
         r = parse_int_list(ranks, "--ranks") if ranks else None
+        if window is not None and window < 16:  # 0 is not "the default"
+            raise InputError(f"--window must be at least 16 tokens, got {window}")
+        check_seed(seed)
+        large_ok.set(allow_large_bank)
         with stage_progress(not as_json) as progress:
             return do_ingest(
                 bank,
@@ -80,14 +95,15 @@ def ingest(
                 anchor=anchor,
                 embedder=embedder,
                 seed=seed,
+                routing=routing,
                 tags=tags,
                 reference=reference,
                 progress=progress,
             )
 
-    res = run(go)
+    res = run(go, no_wait)
     if as_json:
-        out.print_json(json.dumps(res.__dict__))
+        print_json(res.__dict__)
         return
     if reference:
         out.print(
@@ -185,6 +201,7 @@ def train(
             "float32 (default fp32; bf16 is for GPUs, about 5x slower on this kind of CPU)."
         ),
     ] = None,
+    no_wait: NoWaitOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Train memory blocks on the frozen anchor; resumes an interrupted run. Under torchrun, units are
@@ -271,24 +288,30 @@ def train(
                 device=device, dtype=dtype,
             )  # fmt: skip
 
-    res = run(go)
+    res = run(go, no_wait)
     if worker_summary(res, as_json):
         return
     if as_json:
-        out.print_json(
-            json.dumps(
-                {
-                    "bank": res.bank,
-                    "units": [u.__dict__ for u in res.units],
-                    "skipped": res.skipped,
-                    "tokens": res.tokens,
-                    "prepare": res.prepare.__dict__ if res.prepare else None,
-                }
-            )
+        print_json(
+            {
+                "bank": res.bank,
+                "units": [u.__dict__ for u in res.units],
+                "skipped": res.skipped,
+                "tokens": res.tokens,
+                "prepare": res.prepare.__dict__ if res.prepare else None,
+            }
         )
         return
     if not res.units:
         out.print(f"nothing to train: every unit of bank {bank!r} is trained (use --retrain to train again)")
+        missing = run(lambda: _missing_blocks(bank))
+        if missing:
+            err.print(
+                f"[yellow]but {len(missing)} block file(s) are missing ({', '.join(missing[:3])}): "
+                f"`memctl doctor --bank {bank} --repair` re-queues them, then `memctl train` retrains them[/yellow]",
+                highlight=False,
+                soft_wrap=True,
+            )
         return
     if res.prepare:
         p = res.prepare
@@ -330,6 +353,17 @@ def train(
     out.print(table)
 
 
+def _missing_blocks(bank: str) -> list[str]:
+    from ..bank import missing_files
+    from ..registry import Registry
+
+    reg = Registry.open(bank)
+    try:
+        return missing_files(reg)
+    finally:
+        reg.close()
+
+
 @app.command()
 def info(
     bank: BankOpt,
@@ -344,7 +378,7 @@ def info(
 
     d = run(lambda: do_info(bank, allow=parse_tags(allow) if allow is not None else None))
     if as_json:
-        out.print_json(json.dumps(d))
+        print_json(d)
         return
     a = d["anchor"]
     out.print(f"[bold]{d['bank']}[/bold]  {d['path']}")
@@ -356,7 +390,10 @@ def info(
         f"(window ≤ {d['window']} tokens, embedder {d['embedder']})"
     )
     m = d["memory"]
-    out.print(f"tree      k={d['tree']['k']}, p={d['tree']['p']}  ({d['tree']['k'] ** d['tree']['p']} leaves)")
+    out.print(
+        f"tree      k={d['tree']['k']}, p={d['tree']['p']}  ({d['tree']['k'] ** d['tree']['p']} leaves), "
+        f"routing: {d['routing']}"
+    )
     ratio = f" = {100 * d['fetched_ratio']:.1f}% of the anchor" if d["fetched_ratio"] else ""
     out.print(
         f"memory    ranks {tuple(m['ranks'])} on {m['layers']} layers (from layer {m['first_layer']}); "
@@ -418,9 +455,14 @@ def list_banks(as_json: JsonOpt = False) -> None:
     from ..registry import memctl_home
 
     root = memctl_home() / "banks"
-    names = sorted(p.name for p in root.iterdir() if (p / "registry.db").is_file()) if root.is_dir() else []
+    # a name starting with '.' is a staging directory (ingest, import) or a lock file, never a bank
+    names = (
+        sorted(p.name for p in root.iterdir() if not p.name.startswith(".") and (p / "registry.db").is_file())
+        if root.is_dir()
+        else []
+    )
     if as_json:
-        out.print_json(json.dumps(names))
+        print_json(names)
     else:
         for n in names:
             out.print(n)

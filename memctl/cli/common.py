@@ -1,22 +1,30 @@
 """Shared pieces of the command line: the typer app, consoles, error handling, progress, formatting.
 
 Library errors become one line on stderr and a non-zero exit, never a traceback
-(set MEMCTL_DEBUG=1 to see one for an unexpected error).
+(set MEMCTL_DEBUG=1 to see one for an unexpected error). Under --json a failing command also prints
+one JSON object on stdout, {"error": LINE, "type": CLASS, "exit_code": N}, and JSON output never
+holds a bare NaN (`print_json` writes null).
 """
 
 from __future__ import annotations
 
+import importlib
+import json
+import math
 import os
+import sqlite3
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any, TypeVar
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..errors import MemctlError
+from ..errors import InputError, MemctlError
 
 app = typer.Typer(
     add_completion=False,
@@ -37,8 +45,8 @@ CacheMbOpt = Annotated[float, typer.Option(help="Byte budget of loaded blocks (M
 MinRelevanceOpt = Annotated[
     float | None,
     typer.Option(
-        help="Relevance gate: a context whose cosine to its routed leaf is below this (0 to 1) fetches no "
-        "memory and retrieves nothing (default: calibrated per bank, 0.3 x its windows' median; 0 turns the gate off).",
+        help="Relevance gate: a context whose cosine to its nearest window (routing 'tree': to its leaf) is below this "
+        "(0 to 1) fetches no memory and retrieves nothing (default: calibrated on the bank's windows; 0: off).",
     ),
 ]
 Int8Opt = Annotated[
@@ -47,6 +55,13 @@ Int8Opt = Annotated[
         "--int8",
         help="Serve the fetched memories as int8 weights (CPU): a quarter of the bytes per token; "
         "answers differ only by rounding.",
+    ),
+]
+
+NoWaitOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-wait", help="Fail at once (exit 75) if another command is writing to the bank, instead of waiting for it."
     ),
 ]
 
@@ -59,16 +74,130 @@ DtypeOpt = Annotated[
 ]
 
 
-def run(fn: Callable[[], T]) -> T:
-    """Call into the library; turn errors into one clear line and an exit code."""
+def _waiting(line: str) -> None:
+    err.print(f"[yellow]{line}[/yellow]", highlight=False, soft_wrap=True)
+
+
+def json_mode() -> bool:
+    """Whether the running command was given --json (read from the command's click context: typer
+    0.29 and later carry their own copy of click)."""
+    for module in ("typer._click.globals", "click.globals"):
+        try:
+            ctx = importlib.import_module(module).get_current_context(silent=True)
+        except ImportError:
+            continue
+        if ctx is not None:
+            return bool(ctx.params.get("as_json"))
+    return False
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
+def json_text(data: Any, default: Callable[[Any], Any] | None = None) -> str:
+    """`data` as one line of JSON in which NaN and infinities are null (bare NaN is not JSON)."""
+    plain = json.loads(json.dumps(data, default=default))
+    return json.dumps(_finite(plain), allow_nan=False)
+
+
+def print_json(data: Any, default: Callable[[Any], Any] | None = None) -> None:
+    """Print `data` as JSON on stdout: NaN and infinities become null (bare NaN is not JSON)."""
+    out.print_json(json_text(data, default))
+
+
+def _json_error(e: BaseException | None, code: int) -> None:
+    """Under --json, a failing command prints one JSON object on stdout (its one error line stays on stderr)."""
+    if e is None:
+        message, kind = "interrupted" if code == 130 else f"exit {code}", "Exit"
+    else:
+        first = (str(e).strip().splitlines() or [""])[0]
+        message, kind = first if isinstance(e, MemctlError) else f"{type(e).__name__}: {first}", type(e).__name__
+    doc = {"error": message, "type": kind, "exit_code": code}
+    print(json.dumps(doc), file=sys.stdout, flush=True)
+
+
+def readable(path: Path, what: str) -> Path:
+    """`path` if it is a file this process can read, else an InputError naming it (probe files and the like)."""
+    if not path.is_file():
+        raise InputError(f"{what} {path}: no such file")
     try:
-        return fn()
+        with path.open("rb"):
+            pass
+    except OSError as e:
+        raise InputError(f"{what} {path}: cannot read it ({e.strerror or type(e).__name__})") from None
+    return path
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """One error line on stderr (and the JSON error object under --json), then exit `code`."""
+    err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    if json_mode():
+        _json_error(MemctlError(message), code)
+    raise typer.Exit(code)
+
+
+def run(fn: Callable[[], T], no_wait: bool = False) -> T:
+    """`_run`; under --json a failure also prints a JSON error object on stdout:
+    {"error": the line, "type": the error's class, "exit_code": N}."""
+    if not json_mode():
+        return _run(fn, no_wait)
+    seen: list[BaseException] = []
+
+    def watched() -> T:
+        try:
+            return fn()
+        except BaseException as e:
+            seen.append(e)
+            raise
+
+    try:
+        return _run(watched, no_wait)
+    except typer.Exit as x:
+        if x.exit_code:
+            _json_error(seen[-1] if seen else None, x.exit_code)
+        raise
+
+
+def _run(fn: Callable[[], T], no_wait: bool = False) -> T:
+    """Call into the library; turn errors into one clear line and an exit code. A writer that finds
+    the bank busy says so and waits, or fails at once with `no_wait` (memctl.lock)."""
+    from ..lock import policy
+    from ..registry import doctor_hint, opened
+
+    try:
+        with policy(wait=not no_wait, notify=_waiting):
+            return fn()
     except MemctlError as e:
         err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/yellow]")
         raise typer.Exit(130) from None
+    except sqlite3.DatabaseError as e:  # a damaged registry (or one locked far too long): say what to run
+        if os.environ.get("MEMCTL_DEBUG"):
+            raise
+        bank = opened.get()
+        if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
+            err.print(
+                f"[red]error:[/red] the registry stayed locked by another command: {e}; try again",
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(75) from None
+        hint = doctor_hint(bank) if bank else "`memctl doctor --bank NAME` checks a bank"
+        err.print(
+            f"[red]error:[/red] the bank's registry is damaged or unreadable ({e}); {hint}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(1) from None
     except Exception as e:  # an unexpected bug: still one line, unless debugging
         if os.environ.get("MEMCTL_DEBUG"):
             raise

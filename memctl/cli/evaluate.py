@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,6 +22,8 @@ from .common import (
     err,
     human_params,
     out,
+    print_json,
+    readable,
     run,
     stage_progress,
 )
@@ -78,6 +79,7 @@ def eval_cmd(
 ) -> None:
     """Probe accuracy (95% Wilson intervals) of every setup, routing agreement, beam, blocked fractions,
     perplexity. Runs are stored in the bank: the same command resumes a stopped run."""
+    from ..config import check_seed
     from ..evaluate import SETUPS, EvalOptions, run_eval
     from ..placement import CPU, placement
     from ..privacy import parse_tags
@@ -87,7 +89,7 @@ def eval_cmd(
     if history:
         rows = run(lambda: _history(bank))
         if as_json:
-            out.print_json(json.dumps(rows))
+            print_json(rows)
         else:
             _print_history(bank, rows)
         return
@@ -95,6 +97,7 @@ def eval_cmd(
     def go() -> dict[str, Any]:
         if probes is None and perplexity is None:
             raise InputError("give --probes FILE and/or --perplexity FILE (or --history)")
+        check_seed(seed)
         names = tuple(s.strip() for s in setups.split(",") if s.strip()) if setups else SETUPS
         opts = EvalOptions(names, beam, parse_fractions(block_fraction), blocking, batch_size, setups is not None)
         opts.check()
@@ -102,7 +105,7 @@ def eval_cmd(
             raise InputError(f"--perplexity {perplexity}: no such file or directory")
         if report is not None and report.exists() and not report.is_dir():
             raise InputError(f"--report {report}: exists and is not a directory")
-        ps = sample_probes(load_probes(probes), limit, seed) if probes is not None else []
+        ps = sample_probes(load_probes(readable(probes, "--probes")), limit, seed) if probes is not None else []
         tags = parse_tags(allow) if allow is not None else None
         params = {"probes": str(probes) if probes else None, "limit": limit, "seed": seed,
                   "allow": sorted(tags) if tags is not None else None}  # fmt: skip
@@ -135,7 +138,7 @@ def eval_cmd(
 
     res = run(go)
     if as_json:
-        out.print_json(json.dumps(res))
+        print_json(res)
         return
     _print_results(res)
 

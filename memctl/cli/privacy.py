@@ -3,7 +3,6 @@ verify-forgotten, export, import."""
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
@@ -13,7 +12,20 @@ import typer
 from rich.table import Table
 
 from ..errors import InputError
-from .common import BankOpt, JsonOpt, app, err, human_bytes, out, run, stage_progress
+from .common import (
+    BankOpt,
+    JsonOpt,
+    NoWaitOpt,
+    app,
+    err,
+    fail,
+    human_bytes,
+    out,
+    print_json,
+    readable,
+    run,
+    stage_progress,
+)
 
 NodeOpt = Annotated[list[str] | None, typer.Option("--node", help="Block LEVEL:INDEX (e.g. 1:3) or 'generic'.")]
 DocOpt = Annotated[list[str] | None, typer.Option("--doc", help="Document id as ingest stored it (repeatable).")]
@@ -51,7 +63,7 @@ def audit(
 
     d = run(go)
     if as_json:
-        out.print_json(json.dumps(d))
+        print_json(d)
         return
     if log:
         table = Table(title=f"privacy log of {bank}")
@@ -101,16 +113,21 @@ def block(
     query: QueryOpt = None,
     fraction: FractionOpt = None,
     reason: Annotated[str, typer.Option(help="Why (recorded with the time).")] = "",
+    no_wait: NoWaitOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Withhold blocks from every answer: a node, every block a document shaped, or the part of the
     bank that best matches a query. Blocked blocks are never read from disk."""
+    from ..lock import bank_lock
     from ..privacy import set_blocked
 
     def go() -> Any:
-        return set_blocked(bank, True, nodes=node or [], docs=doc or [], query=query, fraction=fraction, reason=reason)
+        with bank_lock(bank):
+            return set_blocked(
+                bank, True, nodes=node or [], docs=doc or [], query=query, fraction=fraction, reason=reason
+            )
 
-    _report_block(run(go), True, bank, as_json)
+    _report_block(run(go, no_wait), True, bank, as_json)
 
 
 @app.command()
@@ -122,29 +139,32 @@ def unblock(
     fraction: FractionOpt = None,
     everything: Annotated[bool, typer.Option("--all", help="Unblock every blocked block.")] = False,
     reason: Annotated[str, typer.Option(help="Why (recorded with the time).")] = "",
+    no_wait: NoWaitOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Serve blocks again (same selectors as `block`, or --all)."""
+    from ..lock import bank_lock
     from ..privacy import set_blocked
 
     def go() -> Any:
-        return set_blocked(
-            bank,
-            False,
-            nodes=node or [],
-            docs=doc or [],
-            query=query,
-            fraction=fraction,
-            everything=everything,
-            reason=reason,
-        )
+        with bank_lock(bank):
+            return set_blocked(
+                bank,
+                False,
+                nodes=node or [],
+                docs=doc or [],
+                query=query,
+                fraction=fraction,
+                everything=everything,
+                reason=reason,
+            )
 
-    _report_block(run(go), False, bank, as_json)
+    _report_block(run(go, no_wait), False, bank, as_json)
 
 
 def _report_block(res: Any, blocked: bool, bank: str, as_json: bool) -> None:
     if as_json:
-        out.print_json(json.dumps(res.__dict__))
+        print_json(res.__dict__)
         return
     verb = "blocked" if blocked else "unblocked"
     listed = ": " + ", ".join(res.changed) if res.changed else ""
@@ -169,6 +189,7 @@ def forget(
         Path | None, typer.Option(help="Probe JSONL: also measure forgotten and retained probes before and after.")
     ] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    no_wait: NoWaitOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Remove documents and their influence (exact retraining by default), then prove it."""
@@ -177,7 +198,7 @@ def forget(
     from ..probes import load_probes
 
     plan = run(lambda: plan_forget(bank, doc or [], source or [], tag or [], mode))
-    ps = run(lambda: load_probes(probes)) if probes else None
+    ps = run(lambda: load_probes(readable(probes, "--probes"))) if probes else None
     if not as_json:
         cost = (
             f"retrain {len(plan.units)} unit(s) ({', '.join(plan.units)}) over {plan.tokens:,} tokens per epoch"
@@ -193,8 +214,7 @@ def forget(
         )
     if not yes:
         if not sys.stdin.isatty():
-            err.print("[red]error:[/red] forgetting cannot be undone; pass --yes to confirm without a terminal")
-            raise typer.Exit(2)
+            fail("forgetting cannot be undone; pass --yes to confirm without a terminal", 2)
         if not typer.confirm("Forget them? This cannot be undone", default=False, err=True):
             err.print("nothing was forgotten")
             raise typer.Exit(1)
@@ -203,9 +223,9 @@ def forget(
         with stage_progress(not as_json) as progress:
             return do_forget(plan, probes=ps, progress=progress)
 
-    report = run(go)
+    report = run(go, no_wait)
     if as_json:
-        out.print_json(json.dumps(report.to_dict()))
+        print_json(report.to_dict())
         return
     _print_report(report)
 
@@ -276,7 +296,7 @@ def verify_forgotten(
     results = run(go)
     ok = all(r.ok for r in results)
     if as_json:
-        out.print_json(json.dumps({"ok": ok, "documents": [dict(r.__dict__, ok=r.ok) for r in results]}))
+        print_json({"ok": ok, "documents": [dict(r.__dict__, ok=r.ok) for r in results]})
     else:
         table = Table(title=f"verify-forgotten on {bank}")
         for col in (
@@ -312,16 +332,22 @@ def export_cmd(
         str | None, typer.Option(help="TAG,...: export only documents with these tags and the blocks they can reach.")
     ] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace FILE if it exists.")] = False,
+    no_wait: NoWaitOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Write a bank to one archive, whole or restricted to what some tags can reach."""
+    from ..lock import bank_lock
     from ..privacy import parse_tags
     from ..transfer import export_bank
 
-    tags = parse_tags(allow) if allow is not None else None
-    res = run(lambda: export_bank(bank, file, allow=tags, overwrite=overwrite))
+    def go() -> Any:
+        tags = parse_tags(allow) if allow is not None else None
+        with bank_lock(bank):  # it logs the export, and no sweep may remove a file it is copying
+            return export_bank(bank, file, allow=tags, overwrite=overwrite)
+
+    res = run(go, no_wait)
     if as_json:
-        out.print_json(json.dumps(res.__dict__, default=str))
+        print_json(res.__dict__, default=str)
         return
     scope = f" (tags {', '.join(res.allow)})" if res.allow else ""
     out.print(
@@ -337,13 +363,21 @@ def import_cmd(
     anchor: Annotated[
         str | None, typer.Option(help="This machine's copy of the bank's anchor (GGUF file or HF directory).")
     ] = None,
+    no_wait: NoWaitOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Read a bank archive; everything is validated (schema, shapes, dtypes, checksums, anchor) first."""
+    from contextlib import nullcontext
+
+    from ..lock import bank_lock
     from ..transfer import import_bank
 
-    res = run(lambda: import_bank(file, bank, anchor))
+    def go() -> Any:
+        with bank_lock(bank) if bank is not None else nullcontext():  # the new bank's name, when given
+            return import_bank(file, bank, anchor)
+
+    res = run(go, no_wait)
     if as_json:
-        out.print_json(json.dumps(res.__dict__, default=str))
+        print_json(res.__dict__, default=str)
         return
     out.print(f"imported bank [bold]{res.bank}[/bold]: {res.documents} document(s), {res.blocks} block(s)")

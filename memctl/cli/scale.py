@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .common import BankOpt, JsonOpt, app, err, out, run
+from .common import BankOpt, JsonOpt, NoWaitOpt, app, err, out, print_json, run
 
 if TYPE_CHECKING:
     from ..train import TrainResult
@@ -57,7 +56,7 @@ def train_out_command(
     res = run(go)
     if as_json:
         d = dataclasses.asdict(res)
-        out.print_json(json.dumps({k: v for k, v in d.items() if k != "prepare"}))
+        print_json({k: v for k, v in d.items() if k != "prepare"})
         return
     if res.result is None:
         out.print(f"unit {res.unit} stopped before the end; rerun the same command to resume")
@@ -91,7 +90,7 @@ def worker_summary(res: TrainResult, as_json: bool) -> bool:
     if res.rank == 0:
         return False
     if as_json:
-        out.print_json(json.dumps({"rank": res.rank, "dp": res.dp, "trained": [u.unit for u in res.units]}))
+        print_json({"rank": res.rank, "dp": res.dp, "trained": [u.unit for u in res.units]})
     elif res.units:
         names = ", ".join(u.unit for u in res.units)
         first = res.rank - res.rank % res.dp
@@ -108,14 +107,15 @@ def worker_summary(res: TrainResult, as_json: bool) -> bool:
 def merge(
     dirs: Annotated[list[Path], typer.Argument(help="Directories written by `memctl train --subtree I --out DIR`.")],
     bank: BankOpt,
+    no_wait: NoWaitOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Record units trained elsewhere (`train --out`) into the bank: all of them in one transaction, after
     checking anchor, tree, configuration, data and block checksums; nothing is recorded on any mismatch."""
     from ..merge import merge as do_merge
 
-    res = run(lambda: do_merge(bank, dirs))
+    res = run(lambda: do_merge(bank, dirs), no_wait)
     if as_json:
-        out.print_json(json.dumps(dataclasses.asdict(res)))
+        print_json(dataclasses.asdict(res))
         return
     out.print(f"merged {len(res.units)} unit(s) ({', '.join(res.units)}), {res.blocks} block(s) into {res.bank}")

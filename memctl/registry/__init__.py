@@ -12,7 +12,8 @@ import re
 import shutil
 import sqlite3
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import sqlite_utils
 import torch
 
 from ..config import BankConfig
-from ..errors import BankNotFound, BankStateError, InputError
+from ..errors import BankNotFound, BankStateError, InputError, IntegrityError
 from ..tree import Tree
 from .blockfile import read_block, write_block
 from .migrations import migrate
@@ -49,6 +50,14 @@ def check_name(name: str) -> str:
     return name
 
 
+opened: ContextVar[str | None] = ContextVar("memctl_opened_bank", default=None)  # for the CLI's error hints
+TMP_FILE = re.compile(r"^\..+\.tmp(\d+)$")  # write_private's temp file: `.NAME.tmp<pid>`
+
+
+def doctor_hint(name: str) -> str:
+    return f"`memctl doctor --bank {name}` checks it (`--repair` fixes what it safely can)"
+
+
 def block_id(level: int, idx: int) -> str:
     return "generic" if level == 0 else f"{level}:{idx}"
 
@@ -59,6 +68,7 @@ class Registry:
         self.name = name
         self.db = _connect(path / "registry.db")
         migrate(self.db)
+        opened.set(name)
 
     # ---- opening and creating -------------------------------------------------------------
     @staticmethod
@@ -72,7 +82,23 @@ class Registry:
             raise BankNotFound(
                 f"no bank named {name!r} under {path.parent}; create it with `memctl ingest PATH --bank {name}`"
             )
-        return cls(path, name)
+        db = path / "registry.db"
+        if db.stat().st_size == 0:
+            raise IntegrityError(f"the registry of bank {name!r} ({db}) is empty; {doctor_hint(name)}")
+        reg = None
+        try:
+            reg = cls(path, name)
+            reg.bank  # noqa: B018 (checks that the bank's row is there)
+        except BaseException as e:
+            if reg is not None:
+                reg.close()
+            if not isinstance(e, sqlite3.DatabaseError):
+                raise
+
+            raise IntegrityError(
+                f"the registry of bank {name!r} ({db}) is unreadable ({e}); {doctor_hint(name)}"
+            ) from None
+        return reg
 
     @classmethod
     def exists(cls, name: str, home: Path | None = None) -> bool:
@@ -124,7 +150,10 @@ class Registry:
     @property
     def bank(self) -> dict[str, Any]:
         """The bank's row: name, created, config JSON, anchor path, sha256, parameters and layers."""
-        return dict(next(iter(self.db.query("select * from banks"))))
+        row = next(iter(self.db.query("select * from banks")), None)
+        if row is None:
+            raise IntegrityError(f"the registry of bank {self.name!r} has no bank row; {doctor_hint(self.name)}")
+        return dict(row)
 
     @property
     def config(self) -> BankConfig:
@@ -215,15 +244,37 @@ class Registry:
         return self.path / "blocks"
 
     def sweep_orphans(self) -> list[Path]:
-        """Delete block files (and leftover temp files) that no registry row points to.
-        Call it after a commit that replaced or dropped blocks, never before."""
+        """Delete block files (and temp files of dead writers) that no registry row points to.
+        Call it after a commit that replaced or dropped blocks, never before. It runs under the bank's
+        writer lock (taken here unless the caller holds it), so it never sweeps the uncommitted files
+        of another writer; a temp file of a live process is left alone all the same."""
         if not self.blocks_dir.is_dir():
             return []
-        used = {self.path / r[0] for r in self.db.execute("select file from blocks where file is not null")}
-        gone = [p for p in self.blocks_dir.iterdir() if p.is_file() and p not in used]
-        for p in gone:
-            p.unlink(missing_ok=True)
+        from ..lock import pid_alive
+
+        with self.lock():
+            used = {self.path / r[0] for r in self.db.execute("select file from blocks where file is not null")}
+            gone = []
+            for p in self.blocks_dir.iterdir():
+                tmp = TMP_FILE.match(p.name)
+                if not p.is_file() or p in used or (tmp and pid_alive(int(tmp.group(1)))):
+                    continue
+                p.unlink(missing_ok=True)
+                gone.append(p)
         return gone
+
+    @property
+    def is_bank_dir(self) -> bool:
+        """Whether this registry is a bank's own (banks/NAME), not a staging copy or a work snapshot."""
+        return self.path.name == self.name and self.path.parent.name == "banks"
+
+    def lock(self, wait: bool | None = None) -> AbstractContextManager[bool]:
+        """The bank's writer lock (memctl.lock); nothing for a staging copy or a work snapshot."""
+        if not self.is_bank_dir:
+            return nullcontext(False)
+        from ..lock import bank_lock
+
+        return bank_lock(self.name, self.path.parent.parent, wait=wait)
 
     def vacuum(self) -> None:
         """Rebuild the database file so deleted rows leave no bytes behind (secure_delete zeroes

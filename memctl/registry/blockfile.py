@@ -29,13 +29,26 @@ MAX_HEADER = 1 << 20  # a block's header is a few hundred bytes; anything bigger
 
 
 def write_block(directory: Path, stem: str, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> tuple[Path, str]:
-    """Write to a temp file, fsync, rename to `stem.<sha16>.safetensors`. Returns (path, sha256)."""
-    data = st_save({k: tensors[k].detach().contiguous().cpu() for k in PARTS}, metadata=meta)
+    """Write to a temp file, fsync, rename to `stem.<sha16>.safetensors`. Returns (path, sha256).
+    The same tensors and metadata always give the same bytes (`canonical`), so the same training gives
+    the same checksums."""
+    data = canonical(st_save({k: tensors[k].detach().contiguous().cpu() for k in PARTS}, metadata=meta))
     sha = hashlib.sha256(data).hexdigest()
     private_dir(directory)
     path = directory / f"{stem}.{sha[:16]}{SUFFIX}"
     write_private(path, data)  # 0600: a block is distilled from private text
     return path, sha
+
+
+def canonical(data: bytes) -> bytes:
+    """A safetensors file with its header's keys sorted. safetensors writes the metadata map in a
+    random order (a Rust HashMap), so equal blocks would otherwise get different bytes and checksums;
+    offsets are relative to the data, which stays as it is. Spaces pad the header to 8 bytes, as
+    safetensors does."""
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.dumps(json.loads(data[8 : 8 + n]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header + data[8 + n :]
 
 
 def read_block(path: Path, sha256: str) -> dict[str, torch.Tensor]:

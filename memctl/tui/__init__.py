@@ -1,1 +1,1 @@
-"""Textual apps: chat with a bank (the bank browser is a later issue)."""
+"""Textual apps: the bank owner's console (`memctl browse`) and the chat (`memctl chat`), styled by memctl.tcss."""

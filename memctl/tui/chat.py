@@ -1,7 +1,9 @@
 """`memctl chat`: a Textual app over memctl.chat.
 
 Type a message and press Enter: the reply streams in, followed by the path that was fetched (with a
-label per node), what was retrieved, and how long routing, fetching and the first token took.
+label per node), what was retrieved, and how long routing, fetching and the first token took. Beside
+the conversation, the path view of `memctl browse`: where the message routed, each level's similarity,
+the relevance gate's verdict, the nearest windows in the leaf, and the blocks served.
 Keys switch the memory mode (fetched, generic, anchor alone), RAG and what routing reads (the message
 or the whole conversation); F7 answers the last message in every mode side by side.
 """
@@ -14,38 +16,58 @@ from rich.markup import escape
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Input, Static
 
+from ..browse import RouteView, route_view
 from ..chat import Chat, ChatSettings, Turn, describe
 from ..errors import MemctlError
+from .widgets import HelpScreen, PathView
 
 MODE_NAMES = {"fetched": "fetched memories", "generic": "generic memory", "none": "anchor alone"}
 
 
+HELP = "\n\n".join(
+    [
+        "[b]memctl chat[/b]: each message routes through the bank's tree and fetches only its path's blocks.",
+        "[b]F2[/b] fetched memories · [b]F3[/b] the generic memory · [b]F4[/b] the anchor alone · [b]F5[/b] RAG on/off"
+        " · [b]F6[/b] route on the message or the whole conversation · [b]F7[/b] the last message in every mode"
+        " · [b]F1[/b] this help · [b]Ctrl+Q[/b] quit",
+        "The path view beside the conversation shows where the message routed: each level's node with its "
+        "similarity and label, the relevance gate's verdict (a message unrelated to the bank fetches nothing), "
+        "the nearest windows in the leaf, and the blocks served or withheld.",
+    ]
+)
+
+
 class Message(Static):
-    DEFAULT_CSS = """
-    Message { padding: 0 1; margin: 1 0 0 0; }
-    Message.user { color: $text; background: $boost; }
-    Message.assistant { color: $text; }
-    Message.info { color: $text-muted; margin: 0; }
-    Message.error { color: $error; }
-    """
+    pass
+
+
+def served(turn: Turn) -> str:
+    """What a turn's path view notes under the route: the blocks served, or why none were."""
+    st = turn.settings
+    if turn.unrelated:
+        return "[b]anchor alone[/b]: the gate fetched nothing"
+    if st.mode == "none":
+        return "[b]anchor alone[/b] (F4): nothing fetched"
+    if st.mode == "generic":
+        return "[b]generic memory[/b] (F3): the path is not used"
+    note = f"served {', '.join(turn.blocks) or 'no trained block'}"
+    return note + (f"; [b red]withheld[/b red] {', '.join(turn.withheld)}" if turn.withheld else "")
 
 
 class ChatApp(App[None]):
     TITLE = "memctl chat"
-    CSS = """
-    #log { height: 1fr; }
-    .compare { height: auto; }
-    .compare > Message { width: 1fr; border: round $primary; }
-    """
+    CSS_PATH = "memctl.tcss"
+    ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
+        Binding("f1", "help", "Help", show=False),  # the input's placeholder says so
         Binding("f2", "mode('fetched')", "Fetched"),
         Binding("f3", "mode('generic')", "Generic"),
         Binding("f4", "mode('none')", "Anchor"),
         Binding("f5", "toggle_rag", "RAG"),
-        Binding("f6", "toggle_route", "Route on"),
+        Binding("f6", "toggle_route", "Route"),
         Binding("f7", "compare", "Compare"),
         Binding("ctrl+q", "quit", "Quit"),
     ]
@@ -57,14 +79,21 @@ class ChatApp(App[None]):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        yield VerticalScroll(id="log")
-        yield Input(placeholder="Ask the bank…", id="input")
+        with Horizontal():
+            with Vertical(id="conversation"):
+                yield VerticalScroll(id="log")
+                yield Input(placeholder="Ask the bank… (F1: help)", id="input")
+            yield PathView(id="path")
         yield Footer()
 
     def on_mount(self) -> None:
         self.sub_title = f"bank {self.chat.session.reg.name}"
         self._status()
+        self.query_one("#path", PathView).show(None, "[dim]where each message routes shows here[/dim]")
         self.query_one(Input).focus()
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(HELP))
 
     # ---- settings ---------------------------------------------------------------------------------------
     def _status(self) -> None:
@@ -114,11 +143,24 @@ class ChatApp(App[None]):
             pieces.append(piece)
             self.call_from_thread(reply.update, escape("".join(pieces)))
 
+        path = self.query_one("#path", PathView)
         try:
+            rv = self._route(text)
+            self.call_from_thread(path.show, rv, "[dim]answering…[/dim]")
             turn = self.chat.turn(text, on_text)
+            self.call_from_thread(path.show, rv, served(turn))
             self.call_from_thread(self._finish, reply, turn)
         except MemctlError as e:
             self.call_from_thread(self._fail, reply, str(e))
+        except Exception as e:  # a bug: one line, as the CLI says it
+            first = (str(e).strip().splitlines() or [""])[0]
+            self.call_from_thread(self._fail, reply, f"internal error: {type(e).__name__}: {first}")
+
+    def _route(self, text: str) -> RouteView:
+        """Where the turn about to be answered routes: what `Chat.turn` routes, judged as it judges."""
+        st = self.chat.settings
+        routed = text if st.route_on == "message" else "\n".join([t.user for t in self.chat.history] + [text])
+        return route_view(self.chat.session, routed, self.chat.label, judge=st.mode != "none" or st.rag)
 
     async def _finish(self, reply: Message, turn: Turn) -> None:
         reply.update(escape(turn.reply) or "(no reply)")
@@ -143,6 +185,10 @@ class ChatApp(App[None]):
             turns = self.chat.compare()
         except MemctlError as e:
             self.call_from_thread(self.notify, str(e), severity="error")
+            turns = []
+        except Exception as e:  # a bug: one line, as the CLI says it
+            first = (str(e).strip().splitlines() or [""])[0]
+            self.call_from_thread(self.notify, f"internal error: {type(e).__name__}: {first}", severity="error")
             turns = []
         self.call_from_thread(self._show_compare, text, turns)
 
