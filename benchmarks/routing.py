@@ -11,8 +11,11 @@ probes whose route ends in a leaf with a window of the probe's document, by rule
   banks above memctl.routing.EXACT_WINDOWS windows do, with N = NPROBE).
 
     python benchmarks/routing.py HOME BANK PROBES.jsonl [PROBES.jsonl ...]
+    python benchmarks/routing.py --scale 10000,100000,262144   # time only, random unit vectors
 
 HOME is a MEMCTL_HOME (for example a home that benchmarks/corpora.py left under --out/homes).
+--scale times routing on synthetic banks of N random 384-d windows (tree 11x2): one query, 2,000
+queries, and the relevance gate's calibration, nearest window against greedy descent (the baseline).
 """
 
 from __future__ import annotations
@@ -29,16 +32,54 @@ from rich.table import Table
 from memctl.embed import get_embedder
 from memctl.registry import Registry
 from memctl.routing import Router, WindowIndex
-from memctl.tree import route, route_beam
+from memctl.tree import Tree, route, route_beam
+
+
+def scale(sizes: list[int], console: Console) -> None:
+    rng = np.random.default_rng(0)
+    table = Table(title="routing time on random banks (384-d windows, tree 11x2, 2 CPU cores)")
+    for c in ("windows", "index build s", "1 query: greedy ms", "nearest ms", "2,000 queries: greedy s", "nearest s",
+              "nearest/greedy", "gate calibration s"):  # fmt: skip
+        table.add_column(c, justify="right")
+    for n in sizes:
+        x = rng.normal(size=(n, 384)).astype(np.float32)
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        tree = Tree(k=11, p=2, centroids=[x[:11].copy(), x[:121].copy()], sizes=[])
+        paths = route(tree, x)
+        t = time.perf_counter()
+        router = Router(tree, "nearest", WindowIndex.build(x, paths, 121))
+        build = time.perf_counter() - t
+        q = x[:2000] + 0.01 * rng.normal(size=(2000, 384)).astype(np.float32)
+        times = []
+        for fn in (lambda v, t=tree: route(t, v), router.route):
+            t = time.perf_counter()
+            fn(q[:1])
+            one = time.perf_counter() - t
+            t = time.perf_counter()
+            fn(q)
+            times.append((one, time.perf_counter() - t))
+        t = time.perf_counter()
+        router.calibrate(x[:4096])
+        cal = time.perf_counter() - t
+        (g1, g), (n1, nn) = times
+        table.add_row(f"{n:,}", f"{build:.2f}", f"{1e3 * g1:.2f}", f"{1e3 * n1:.2f}", f"{g:.3f}", f"{nn:.3f}",
+                      f"{nn / g:.0f}x", f"{cal:.2f}")  # fmt: skip
+    console.print(table)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("home")
-    ap.add_argument("bank")
-    ap.add_argument("probes", nargs="+")
+    ap.add_argument("home", nargs="?")
+    ap.add_argument("bank", nargs="?")
+    ap.add_argument("probes", nargs="*")
+    ap.add_argument("--scale", default="", help="comma-separated window counts: time routing on random banks")
     a = ap.parse_args()
     console = Console(width=160)
+    if a.scale:
+        scale([int(v) for v in a.scale.split(",")], console)
+        return
+    if not (a.home and a.bank and a.probes):
+        ap.error("give HOME BANK PROBES.jsonl..., or --scale N,...")
     reg = Registry.open(a.bank, Path(a.home))
     tree = reg.load_tree()
     emb = get_embedder(reg.config.embedder)
