@@ -698,3 +698,19 @@ def test_window_zero_from_the_library_is_refused(home: Path, corpus: Path, tiny_
     with pytest.raises(InputError, match="--window must be at least 16 tokens"):
         ingest("b", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 1), window=0, home=home)
     assert not Registry.exists("b", home) and not (home / "banks").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["ingest", "docs", "--bank", "b", "--json", "--bogus"], "No such option: --bogus"),
+        (["train", "--bank", "b", "--epochs", "abc", "--json"], "Invalid value for '--epochs'"),
+    ],
+)
+def test_argument_parser_errors_under_json_print_the_json_error_too(home: Path, args: list[str], message: str) -> None:
+    res = invoke(*args)
+    assert res.exit_code == 2
+    doc = json.loads(res.stdout.strip().splitlines()[-1])
+    assert doc["type"] == "UsageError" and message in doc["error"] and doc["exit_code"] == 2
+    plain = invoke(*[a for a in args if a != "--json"])  # without --json: nothing on stdout
+    assert plain.exit_code == 2 and not plain.stdout.strip()

@@ -23,10 +23,51 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typer._click.exceptions import ClickException
+from typer.core import TyperGroup
 
 from ..errors import InputError, MemctlError
 
+
+class UsageError(MemctlError):
+    """An error the argument parser found, as the JSON error object names it."""
+
+
+class _Group(TyperGroup):
+    """The app's command group. Under --json, an error the argument parser finds (an unknown option,
+    a value it cannot convert) prints the JSON error object on stdout too, as the commands' own
+    errors do: the parser's message stays on stderr."""
+
+    _parse_error: Exception | None = None
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except ClickException as e:
+            _Group._parse_error = e
+            raise
+
+    def invoke(self, ctx: Any) -> Any:  # a command's own options are parsed here
+        try:
+            return super().invoke(ctx)
+        except ClickException as e:
+            _Group._parse_error = e
+            raise
+
+    def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        argv = sys.argv[1:] if args is None else list(args)
+        _Group._parse_error = None
+        try:
+            return super().main(args, *rest, **kwargs)
+        except SystemExit as x:
+            e = _Group._parse_error
+            if e is not None and "--json" in argv and x.code:
+                _json_error(UsageError(e.format_message()), int(x.code))
+            raise
+
+
 app = typer.Typer(
+    cls=_Group,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
