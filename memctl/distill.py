@@ -31,7 +31,7 @@ from .prefix import logits_at, on_model
 from .prompts import joins_without_space, prompts_for
 from .questions import ANSWER_TOKENS, answer_questions, chat_prompt, write_questions
 from .registry import Registry
-from .routing import Router
+from .routing import route_prompts
 
 if TYPE_CHECKING:
     from .batches import Sample
@@ -86,7 +86,7 @@ def generate_prompts(reg: Registry, progress: Progress | None = None) -> int:
             )
     if made:
         emb = get_embedder(reg.config.embedder).encode([m["text"] for m in made], progress=progress)
-        routes = Router.for_bank(reg).route(emb)
+        routes = route_prompts(reg, emb, [m["doc_id"] for m in made])
         for m, path in zip(made, routes, strict=True):
             m["path"] = ",".join(map(str, path))
             m["l1"] = int(path[0])
@@ -135,7 +135,7 @@ def add_questions(reg: Registry, anchor: Anchor, per_window: int, progress: Prog
         if progress:
             progress("answers", i + 1, len(rows))
     if made:
-        routes = Router.for_bank(reg).route(get_embedder(reg.config.embedder).encode(bare))
+        routes = route_prompts(reg, get_embedder(reg.config.embedder).encode(bare), [m["doc_id"] for m in made])
         for m, path in zip(made, routes, strict=True):
             m["path"] = ",".join(map(str, path))
             m["l1"] = int(path[0])

@@ -1,10 +1,12 @@
 """Routing: which path of the tree a context fetches the blocks of.
 
 A bank routes by one of two rules, fixed when it is created (`BankConfig.routing`), because every
-training prompt is routed by the same rule and trains the blocks of its route:
+training prompt is routed by the same rule (`route_prompts`) and trains the blocks of its route:
 
 - `nearest` (new banks): the path of the bank's window most similar to the context (cosine of the
-  embeddings). A question about a window fetches the blocks that window's own prompts trained.
+  embeddings). A training prompt takes the path of the nearest window of its own document, so a
+  question about a window fetches the blocks that window's prompts trained, and forgetting one
+  document never moves another's prompts.
   Exact search up to `EXACT_WINDOWS` windows; above, among the windows of the `NPROBE` leaves whose
   centroids lie nearest the context (an inverted-file search over the tree's leaves).
 - `tree`: the paper's greedy descent (`memctl.tree.route`): at each level, the child whose centroid
@@ -22,7 +24,7 @@ Pure numeric code: the registry read that builds the index is `WindowIndex.from_
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -107,6 +109,33 @@ class WindowIndex:
     def nearest(self, tree: Tree, x: np.ndarray) -> np.ndarray:
         """(B, dim) -> (B,) index (into this index's order) of each row's most similar window."""
         return np.array([_best(c, s) for c, s in self.scores(tree, x)], dtype=np.int64).reshape(len(x))
+
+
+def route_prompts(reg: Registry, x: np.ndarray, docs: Sequence[str], tree: Tree | None = None) -> np.ndarray:
+    """Routes of training prompts (B, dim) written from documents `docs` (B,) -> (B, p).
+
+    `tree`: greedy descent, as for any context. `nearest`: the path of the nearest window *of the
+    prompt's own document*. A prompt's route then depends on its document alone, as under greedy
+    descent it depends on the fixed tree alone: forgetting another document never changes where this
+    one's facts were trained, so a bank that forgot a document equals one that never held it. A
+    question routed to its nearest window in the whole bank meets the same leaf whenever that window
+    is the document's."""
+    x = np.asarray(x, dtype=np.float32)
+    tree = tree if tree is not None else reg.load_tree()
+    if reg.config.routing != "nearest":
+        return route(tree, x)
+    out = route(tree, x)  # a document without windows (none is expected) keeps the tree's route
+    rows: dict[str, list[int]] = {}
+    for i, d in enumerate(docs):
+        rows.setdefault(d, []).append(i)
+    for doc, idx in rows.items():
+        found = reg.db.execute("select path, embedding from windows where doc_id = ? order by id", [doc]).fetchall()
+        if not found:
+            continue
+        vecs = np.frombuffer(b"".join(r[1] for r in found), dtype=np.float32).reshape(len(found), -1)
+        paths = np.array([[int(v) for v in r[0].split(",")] for r in found], dtype=np.int64)
+        out[idx] = paths[np.argmax(x[idx] @ vecs.T, axis=1)]  # ties: the document's first window
+    return out
 
 
 def _best(cand: np.ndarray, s: np.ndarray, ok: np.ndarray | None = None) -> int:

@@ -32,7 +32,7 @@ from .anchor import Anchor
 from .embed import get_embedder
 from .prefix import on_model
 from .registry import Registry
-from .routing import Router
+from .routing import route_prompts
 
 STUDY = "study"  # the kind of a self-study continuation in the prompts table
 TOPK = 16  # as memctl.distill.TOPK: the student's loss reads the same shape
@@ -234,7 +234,7 @@ def add_study(
         return 0, 0.0
     tok = anchor.tokenizer
     embedder = get_embedder(reg.config.embedder)
-    router = Router.for_bank(reg)
+    tree = reg.load_tree()
     seed_base = int(reg.config.seed)
     total, tokens = 0, 0
     for n, r in enumerate(rows):
@@ -259,7 +259,9 @@ def add_study(
             )
             tokens += len(ct.ids) - ct.n_prompt
         if made:
-            paths = router.route(embedder.encode([ct.seed.query for ct in conts]))
+            paths = route_prompts(
+                reg, embedder.encode([ct.seed.query for ct in conts]), [r["doc_id"]] * len(conts), tree
+            )
             for m, path in zip(made, paths, strict=True):
                 m["path"] = ",".join(map(str, path))
                 m["l1"] = int(path[0])

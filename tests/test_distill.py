@@ -174,7 +174,7 @@ def test_anchor_questions_are_answered_open_book_routed_alone_and_leave_with_the
     import memctl.distill as distill
     from memctl.embed import get_embedder
     from memctl.questions import chat_prompt, write_questions
-    from memctl.routing import Router
+    from memctl.routing import route_prompts
 
     reg, anchor = _prepared(home, corpus, tiny_anchor)
     tok = anchor.tokenizer
@@ -196,7 +196,7 @@ def test_anchor_questions_are_answered_open_book_routed_alone_and_leave_with_the
     emb = get_embedder(reg.config.embedder)
     for r in rows[:4]:
         q = next(q for q in asked if chat_prompt(tok, q) == r["text"])
-        assert r["path"] == ",".join(map(str, Router.for_bank(reg).route(emb.encode([q]))[0]))  # routed on the question
+        assert r["path"] == ",".join(map(str, route_prompts(reg, emb.encode([q]), [r["doc_id"]])[0]))  # on the question
         ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
         assert (
             ids

@@ -14,7 +14,7 @@ from memctl.cli import app
 from memctl.config import BankConfig
 from memctl.registry import Registry
 from memctl.relevance import NEAREST_SHARE
-from memctl.routing import Router, WindowIndex
+from memctl.routing import Router, WindowIndex, route_prompts
 from memctl.tree import Tree, route
 
 runner = CliRunner()
@@ -121,6 +121,27 @@ def test_new_banks_route_by_nearest_window_and_older_configs_by_the_tree(
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     assert Registry.open("t", home).config.routing == "tree"
+
+
+def test_training_prompts_take_the_nearest_window_of_their_own_document(
+    home: Path, corpus: Path, tiny_anchor: Path
+) -> None:
+    """So that forgetting one document never moves where another's prompts train."""
+    res = runner.invoke(
+        app, ["ingest", str(corpus), "--bank", "b", "--anchor", str(tiny_anchor), "--embedder", "hash", "--tree", "2,2"]
+    )
+    assert res.exit_code == 0, res.output
+    reg = Registry.open("b", home)
+    rows = list(reg.db.query("select doc_id, path, embedding from windows order by id"))
+    vec = {r["doc_id"]: np.frombuffer(r["embedding"], dtype=np.float32) for r in rows}
+    path = {r["doc_id"]: [int(v) for v in r["path"].split(",")] for r in rows}
+    docs = sorted(vec)
+    d, e = next((a, b) for a in docs for b in docs if path[a] != path[b])
+    x = vec[d][None]  # a prompt that is d's window itself, written from e's document
+    assert Router.for_bank(reg).route(x)[0].tolist() == path[d]  # a question goes to d
+    assert route_prompts(reg, x, [e])[0].tolist() == path[e]  # e's prompt trains e's own path
+    assert route_prompts(reg, x, [d])[0].tolist() == path[d]
+    reg.close()
 
 
 @pytest.mark.parametrize(
