@@ -97,14 +97,17 @@ def test_the_gate_reads_the_nearest_window_of_the_fetched_leaf_and_calibrates_on
     assert t.similarity(q, t.route(q))[0] == pytest.approx(float(tree.centroids[1][1] @ q[0]), abs=1e-6)
 
 
+def tiny_bank(home: Path, corpus: Path, tiny_anchor: Path, *extra: str) -> Registry:
+    args = ["ingest", str(corpus), "--bank", "b", "--anchor", str(tiny_anchor), "--embedder", "hash", "--tree", "2,2"]
+    res = runner.invoke(app, [*args, *extra])
+    assert res.exit_code == 0, res.output
+    return Registry.open("b", home)
+
+
 def test_new_banks_route_by_nearest_window_and_older_configs_by_the_tree(
     home: Path, corpus: Path, tiny_anchor: Path
 ) -> None:
-    res = runner.invoke(
-        app, ["ingest", str(corpus), "--bank", "b", "--anchor", str(tiny_anchor), "--embedder", "hash", "--tree", "2,2"]
-    )
-    assert res.exit_code == 0, res.output
-    reg = Registry.open("b", home)
+    reg = tiny_bank(home, corpus, tiny_anchor)
     assert reg.config.routing == "nearest"
     old = json.loads(reg.config.to_json())
     del old["routing"]
@@ -127,11 +130,7 @@ def test_training_prompts_take_the_nearest_window_of_their_own_document(
     home: Path, corpus: Path, tiny_anchor: Path
 ) -> None:
     """So that forgetting one document never moves where another's prompts train."""
-    res = runner.invoke(
-        app, ["ingest", str(corpus), "--bank", "b", "--anchor", str(tiny_anchor), "--embedder", "hash", "--tree", "2,2"]
-    )
-    assert res.exit_code == 0, res.output
-    reg = Registry.open("b", home)
+    reg = tiny_bank(home, corpus, tiny_anchor)
     rows = list(reg.db.query("select doc_id, path, embedding from windows order by id"))
     vec = {r["doc_id"]: np.frombuffer(r["embedding"], dtype=np.float32) for r in rows}
     path = {r["doc_id"]: [int(v) for v in r["path"].split(",")] for r in rows}
