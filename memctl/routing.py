@@ -75,8 +75,7 @@ class WindowIndex:
         if not rows:
             empty = np.zeros((0, tree.dim), np.float32)
             return WindowIndex.build(empty, np.zeros((0, tree.p), np.int64), len(tree.centroids[-1]))
-        vecs = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), -1)
-        paths = np.array([[int(v) for v in r[0].split(",")] for r in rows], dtype=np.int64)
+        vecs, paths = _window_arrays(rows)
         return WindowIndex.build(vecs, paths, len(tree.centroids[-1]))
 
     def __len__(self) -> int:
@@ -132,10 +131,16 @@ def route_prompts(reg: Registry, x: np.ndarray, docs: Sequence[str], tree: Tree 
         found = reg.db.execute("select path, embedding from windows where doc_id = ? order by id", [doc]).fetchall()
         if not found:
             continue
-        vecs = np.frombuffer(b"".join(r[1] for r in found), dtype=np.float32).reshape(len(found), -1)
-        paths = np.array([[int(v) for v in r[0].split(",")] for r in found], dtype=np.int64)
+        vecs, paths = _window_arrays(found)
         out[idx] = paths[np.argmax(x[idx] @ vecs.T, axis=1)]  # ties: the document's first window
     return out
+
+
+def _window_arrays(rows: Sequence[tuple[str, bytes]]) -> tuple[np.ndarray, np.ndarray]:
+    """(path, embedding) rows of the windows table -> (N, dim) float32 embeddings, (N, p) paths."""
+    vecs = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), -1)
+    paths = np.array([[int(v) for v in r[0].split(",")] for r in rows], dtype=np.int64)
+    return vecs, paths
 
 
 def _best(cand: np.ndarray, s: np.ndarray, ok: np.ndarray | None = None) -> int:
