@@ -51,6 +51,9 @@ VARIANTS: dict[str, list[str]] = {
     "study2": ["--study", "2"],
     "study4": ["--study", "4"],
     "study8": ["--study", "8"],
+    "questions4": ["--study", "0", "--questions", "4"],
+    "study4q4": ["--study", "4", "--questions", "4"],
+    "epochs24": ["--study", "0", "--epochs", "24", "--patience", "6"],
 }
 # corpus -> (build script, documents file, main probes, question-form probes)
 CORPORA: dict[str, tuple[str, str, str, str]] = {
@@ -60,6 +63,8 @@ CORPORA: dict[str, tuple[str, str, str, str]] = {
 }
 MAIN_SETUPS = "anchor,oracle-rag,fetched,rag,rag+fetched"
 QUESTION_SETUPS = "anchor,oracle-rag,fetched"
+# a question is answered in a sentence ("The company was founded by ..."): 8 tokens cut correct answers off
+QUESTION_ANSWER_TOKENS = 16
 
 
 def run(env: dict[str, str], args: list[str], log: Path) -> str:
@@ -170,7 +175,10 @@ def score(
     t2 = time.perf_counter()
     base = ["eval", "--bank", corpus, "--json", *extra]
     main = setups_of(memctl(env, log, *base, "--probes", str(probes), "--setups", MAIN_SETUPS))
-    asked = setups_of(memctl(env, log, *base, "--probes", str(questions), "--setups", QUESTION_SETUPS))
+    asked = setups_of(
+        memctl(env, log, *base, "--probes", str(questions), "--setups", QUESTION_SETUPS,
+               "--answer-tokens", str(QUESTION_ANSWER_TOKENS))
+    )  # fmt: skip
     ppl = json.loads(memctl(env, log, "eval", "--bank", corpus, "--json", "--setups", "anchor,fetched",
                             "--perplexity", str(HELDOUT)))["perplexity"]  # fmt: skip
     eval_s = time.perf_counter() - t2
@@ -183,6 +191,7 @@ def score(
         "routing": info.get("routing"),
         "main": main,
         "questions": asked,
+        "question_answer_tokens": QUESTION_ANSWER_TOKENS,
         "coverage": subtree_coverage(home, corpus, subtree, variant) if subtree is not None else info.get("coverage"),
         "prompts_by_kind": prompts_by_kind(home, corpus),
         "tokens_trained": sum(u["tokens"] for u in units),

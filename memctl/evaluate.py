@@ -43,6 +43,7 @@ Progress = Callable[[str, int, int], None]
 SETUPS = ("anchor", "generic", "fetched", "rag", "rag+fetched", "oracle-rag", "fetched-corrupted")
 PPL_SETUPS = {"anchor": "none", "generic": "generic", "fetched": "fetched"}  # setups perplexity applies to
 BLOCKING = ("reroute", "withhold")
+MAX_ANSWER_TOKENS = 256
 PPL_CHUNK = 512  # tokens per perplexity chunk at most (also capped by the bank's window)
 
 
@@ -58,6 +59,7 @@ class EvalOptions:
     blocking: str = "reroute"  # reroute: route around blocked nodes (the paper); withhold: drop them
     batch_size: int = 16
     explicit: bool = False  # setups were named by the user: one that cannot run is an error
+    answer_tokens: int = PROBE_TOKENS  # greedy new tokens per probe answer (question-form probes want a sentence)
 
     def check(self) -> EvalOptions:
         unknown = [s for s in self.setups if s not in SETUPS]
@@ -69,6 +71,8 @@ class EvalOptions:
             raise InputError("--beam must be at least 1")
         if self.batch_size < 1:
             raise InputError("--batch-size must be at least 1")
+        if not 1 <= self.answer_tokens <= MAX_ANSWER_TOKENS:
+            raise InputError(f"--answer-tokens must be between 1 and {MAX_ANSWER_TOKENS}")
         if self.blocking not in BLOCKING:
             raise InputError(f"--blocking must be {' or '.join(BLOCKING)}")
         for f in self.fractions:
@@ -103,6 +107,7 @@ class Plan:
     retrieved: list[dict[str, Any] | None]
     notes: list[str]
     ppl_docs: int = 0
+    answer_tokens: int = PROBE_TOKENS
 
 
 # ---- planning ------------------------------------------------------------------------------------
@@ -123,11 +128,11 @@ def agreement(routes: np.ndarray, docs: Sequence[str], by_doc: dict[str, list[tu
     return out
 
 
-def open_book(session: BankSession, probe: Probe) -> str:
+def open_book(session: BankSession, probe: Probe, answer_tokens: int = PROBE_TOKENS) -> str:
     """The probe's own document (its windows, in order, cut to the context) then the probe."""
     rows = session.reg.windows("doc_id = ?", [probe.doc])
     text = "\n\n".join(r["text"] for r in rows)
-    room = session.context_room(probe.prompt, PROBE_TOKENS + 8)
+    room = session.context_room(probe.prompt, answer_tokens + 8)
     return with_context(text, probe.prompt, session.anchor.tokenizer, room)
 
 
@@ -160,7 +165,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
             notes.append("rag retrieved nothing (no window may be served)")
     tok = session.anchor.tokenizer
     rag_prompts = [
-        with_context(r.text, p.prompt, tok, session.rag_budget(p.prompt, PROBE_TOKENS)) if r else p.prompt
+        with_context(r.text, p.prompt, tok, session.rag_budget(p.prompt, opts.answer_tokens)) if r else p.prompt
         for p, r in zip(probes, retrieved, strict=True)
     ]
     jobs: list[Job] = []
@@ -181,7 +186,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
             elif s == "rag+fetched":
                 add(s, i, rag_prompt, "fetched", route1)
             elif s == "oracle-rag":
-                add(s, i, open_book(session, p), "none")
+                add(s, i, open_book(session, p, opts.answer_tokens), "none")
             elif s == "fetched-corrupted":  # a diagnostic of the wrong leaf's blocks: never gated
                 for sib in siblings(session, int(routes[i, -1])):
                     wrong = routes[i][None].copy()
@@ -219,7 +224,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
         )
     agree = agreement(routes, [p.doc for p in probes], by_doc)
     info = [r.to_dict() if r else None for r in retrieved]
-    return Plan(probes, jobs + ppl_jobs, routes, agree, known, blocked, info, notes, len(ppl_texts))
+    return Plan(probes, jobs + ppl_jobs, routes, agree, known, blocked, info, notes, len(ppl_texts), opts.answer_tokens)
 
 
 def perplexity_jobs(session: BankSession, texts: Sequence[str], setups: Sequence[str]) -> list[Job]:
@@ -287,7 +292,7 @@ def run_jobs(
                     ItemResult(j.item, j.doc, "", 0, x.nll, x.tokens, dt) for j, x in zip(batch, losses, strict=True)
                 ]
             else:
-                texts = greedy(session.anchor, session.handle, [j.prompt for j in batch], fetched, PROBE_TOKENS)
+                texts = greedy(session.anchor, session.handle, [j.prompt for j in batch], fetched, plan.answer_tokens)
                 dt = (time.perf_counter() - t0) / len(batch)
                 out = [
                     ItemResult(j.item, j.doc, t, int(is_correct(t, plan.probes[j.index].answers)), seconds=dt)
@@ -332,7 +337,7 @@ def run_eval(
         n_probes=len(probes),
         perplexity=str(perplexity) if perplexity else None,
         perplexity_sha256=file_sha256(perplexity) if perplexity and Path(perplexity).is_file() else None,
-        probe_tokens=PROBE_TOKENS,
+        probe_tokens=opts.answer_tokens,
     )
     if session.relevance_floor > 0:  # another gate answers differently: a new run (gate off: as before it)
         params["relevance_floor"] = session.relevance_floor

@@ -336,3 +336,21 @@ def test_cli_eval_int8_is_recorded_and_scores_every_probe(home: Path, bank: Regi
     assert int8["params"]["int8"] is True and "int8" not in fp32["params"]
     assert int8["setups"][0]["n"] == fp32["setups"][0]["n"] > 0
     assert [p["route"] for p in int8["answers"]] == [p["route"] for p in fp32["answers"]]
+
+
+def test_answer_tokens_sets_the_answer_length_and_is_validated(home: Path, bank: Registry, probe_file: Path) -> None:
+    with BankSession("e", home) as s:
+        short = ev.run_eval(s, probes(), ev.EvalOptions(("anchor",), answer_tokens=2), store=False)
+        long = ev.run_eval(s, probes(), ev.EvalOptions(("anchor",), answer_tokens=12), store=False)
+    tok = s.anchor.tokenizer
+    for a, b in zip(short["answers"], long["answers"], strict=True):
+        s_ids = tok(a["answers"]["anchor"]["text"], add_special_tokens=False).input_ids
+        l_ids = tok(b["answers"]["anchor"]["text"], add_special_tokens=False).input_ids
+        assert len(s_ids) <= 2 < len(l_ids) <= 12 and b["answers"]["anchor"]["text"].startswith(
+            a["answers"]["anchor"]["text"]
+        )
+    assert long["params"]["probe_tokens"] == 12
+    with pytest.raises(InputError, match="--answer-tokens"):
+        ev.EvalOptions(answer_tokens=0).check()
+    res = runner.invoke(app, ["eval", "--bank", "e", "--probes", str(probe_file), "--answer-tokens", "0"])
+    assert res.exit_code != 0 and "--answer-tokens must be between 1 and" in res.output

@@ -64,6 +64,13 @@ def eval_cmd(
     limit: Annotated[int | None, typer.Option(help="Evaluate a reproducible sample of N probes.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the --limit sample.")] = 0,
     batch_size: Annotated[int, typer.Option(help="Probes per generation batch.")] = 16,
+    answer_tokens: Annotated[
+        int,
+        typer.Option(
+            help="Greedy new tokens per probe answer; an answer counts when it appears in them "
+            "(default 8; question-form probes, answered in a sentence, want about 16)."
+        ),
+    ] = 8,
     allow: Annotated[
         str | None,
         typer.Option(help="TAG,...: evaluate what these access tags may see (blocks and RAG windows)."),
@@ -99,7 +106,9 @@ def eval_cmd(
             raise InputError("give --probes FILE and/or --perplexity FILE (or --history)")
         check_seed(seed)
         names = tuple(s.strip() for s in setups.split(",") if s.strip()) if setups else SETUPS
-        opts = EvalOptions(names, beam, parse_fractions(block_fraction), blocking, batch_size, setups is not None)
+        opts = EvalOptions(
+            names, beam, parse_fractions(block_fraction), blocking, batch_size, setups is not None, answer_tokens
+        )
         opts.check()
         if perplexity is not None and not perplexity.exists():
             raise InputError(f"--perplexity {perplexity}: no such file or directory")
