@@ -4,11 +4,13 @@
     python benchmarks/hugeline.py --text prose --new 0.1,1,4 --old 0.1,0.2
     python benchmarks/hugeline.py --new 1024 --old ""  # the 1 GB file (about 20 min on one core)
     python benchmarks/hugeline.py --tokenizer chars --new 1,16,256,1024 --old 1,4  # windowing alone, 1 GB
+    python benchmarks/hugeline.py --text spaces --new 16,256,1024 --old ""  # a huge run of spaces, then text
 
 Each measurement runs in a fresh process (peak RSS is its own): it loads the anchor's tokenizer
 (SmolLM2's; the tests' tiny one with --tokenizer tiny; or, with --tokenizer chars, none: 4 characters
 per token, to measure windowing's own time and memory), then cuts a generated one-line file of the
-given size into windows of --window tokens. `new` is memctl's windowing (a file above
+given size into windows of --window tokens (--text spaces: one run of spaces filling all but the
+line's last 4 KB, which are words). `new` is memctl's windowing (a file above
 corpus.STREAM_BYTES is streamed: hashed, then windowed block by block); `old` is the windowing memctl had
 before issue 26, copied below, which reads the file whole and bisects over the rest of the line for
 every piece (quadratic). "rss" is the process's peak; "+rss" what windowing added to the tokenizer's
@@ -36,11 +38,16 @@ VOCAB = (
 ).split()
 
 
-def generate(path: Path, n_bytes: int, prose: bool, seed: int = 0) -> None:
-    """One line of `n_bytes` ASCII words (with a sentence end every ~14 words if `prose`), written in chunks."""
+def generate(path: Path, n_bytes: int, prose: bool, seed: int = 0, spaces: int = 0) -> None:
+    """One line of `n_bytes` ASCII words (with a sentence end every ~14 words if `prose`), written in chunks;
+    the first `spaces` bytes of it a single run of spaces."""
     rng = random.Random(seed)
     written = 0
     with path.open("w") as f:
+        while written < spaces:
+            n = min(2**20, spaces - written)
+            f.write(" " * n)
+            written += n
         while written < n_bytes:
             words = [rng.choice(VOCAB) + ("." if prose and rng.random() < 0.07 else "") for _ in range(20_000)]
             chunk = " ".join(words) + " "
@@ -172,7 +179,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--new", default="0.1,0.2,0.4,4,16,64", help="sizes (MB) for memctl's windowing")
     ap.add_argument("--old", default="0.1,0.2,0.4", help="sizes (MB) for the old windowing (baseline)")
-    ap.add_argument("--text", choices=["words", "prose"], default="words")
+    ap.add_argument("--text", choices=["words", "prose", "spaces"], default="words")
     ap.add_argument("--window", type=int, default=512)
     ap.add_argument("--tokenizer", choices=["smollm2", "tiny", "chars"], default="smollm2")
     ap.add_argument("--old-timeout", type=float, default=600)
@@ -188,7 +195,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="memctl-hugeline-") as tmp:
         for mb in sorted(set(new) | set(old)):
             path = Path(tmp) / f"line-{mb:g}MB.txt"
-            generate(path, int(mb * 2**20), args.text == "prose")
+            size = int(mb * 2**20)
+            generate(path, size, args.text == "prose", spaces=max(0, size - 4096) if args.text == "spaces" else 0)
             o = measure("old", path, args, args.old_timeout) if mb in old else None
             n = measure("new", path, args, None) if mb in new else None
             timed_out = mb in old and o is None

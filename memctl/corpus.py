@@ -121,6 +121,8 @@ def _read_text_file(path: Path, doc_id: str, stream_bytes: int | None) -> Docume
     if stream_bytes is not None and size > stream_bytes:
         return _scan_text_file(path, doc_id)
     text = _check_bytes(path, textual=True).decode("utf-8")
+    if not text.strip():  # whitespace as str.strip knows it (e.g. U+001C, U+00A0), as the streamed reader
+        raise InputError(f"{path} is empty (or only whitespace)")
     return Document(id=doc_id, text=text, source=str(path), title=_title_of(text, path.stem))
 
 

@@ -1,6 +1,21 @@
 """Cutting a document's text into windows of at most N tokens: greedy packing of paragraphs, then
 sentences, then word runs. The text may arrive in blocks (a streamed file); any blocking gives the
 windows of the whole text at once, and work and memory stay linear in its length, however long a line.
+
+Whitespace runs: memory stays bounded (about `long_span` characters, times a few, plus one block)
+however long a run of whitespace is (500 MB of spaces, of newlines, or a long run and then text).
+A whitespace run is never cut into a window, since windows are stripped, and no window is longer
+than `long_span(limit)` characters: so a run longer than that is only ever a boundary between
+windows; and every string the windowing counts is at most `long_span` characters and starts at a
+non-space, right after a paragraph break or at the text's start, so it holds a whole newline-free
+part of a run only if that part is short, and otherwise reaches its first `long_span` characters. The
+windower therefore keeps of each run only: the first `long_run(limit)` characters before its first
+newline, that newline, the first `long_run` characters up to its last newline, that newline, and
+the first `long_run` characters after it (see `_collapse`); the rest is dropped as it arrives. This
+is exact, not an approximation: the windows (their text, token counts and character offsets, which
+still refer to the original text) are those the same windowing gives with the whole run in memory,
+for any token counter, since nothing dropped is ever counted or part of a window; and documents are
+embedded and trained on their windows' text only, so no text anything learns from changes.
 """
 
 from __future__ import annotations
@@ -34,6 +49,7 @@ Counter = Callable[[str], int]
 _PARA = re.compile(r"\n\s*\n")
 _SENT = re.compile(r"(?<=[.!?])\s+")
 _WS = re.compile(r"\s*")
+_WS3 = re.compile(r"\s{3,}")
 SPAN_CHARS = 16384  # a span longer than max(this, 32 * limit) characters is never counted whole
 
 
@@ -41,6 +57,26 @@ def long_span(limit: int) -> int:
     """Characters beyond which a paragraph or sentence is cut without counting it whole (no real
     tokenizer fits that many characters in `limit` tokens); also the longest window, in characters."""
     return max(SPAN_CHARS, 32 * limit)
+
+
+def long_run(limit: int) -> int:
+    """Characters kept of each newline-free part of a whitespace run (module docstring): one more
+    than `long_span`, so a run still reads as longer than any window or counted string."""
+    return long_span(limit) + 1
+
+
+def _collapse(run: str, keep: int) -> str:
+    """What the windowing keeps of the whitespace run `run`: its parts before the first newline,
+    between the first and last newlines, and after the last, each cut to `keep` characters. The
+    newlines that decide a paragraph break (`_PARA` spans the first to the last) stay; so does where
+    the run starts, ends and, when it is shorter than `keep`, all of it."""
+    f = run.find("\n")
+    if f < 0:
+        return run[:keep]
+    last = run.rfind("\n")
+    if last == f:
+        return run[:f][:keep] + "\n" + run[f + 1 :][:keep]
+    return run[:f][:keep] + "\n" + run[f + 1 : last][:keep] + "\n" + run[last + 1 :][:keep]
 
 
 def _spans(text: str, pattern: re.Pattern[str], start: int, end: int) -> list[tuple[int, int]]:
@@ -67,7 +103,8 @@ class _Windower:
     """Greedy packing of paragraphs (then sentences, then word runs) into windows of <= limit tokens,
     over a text that arrives in blocks. Text is cut into segments only where the blocks so far decide
     it (a separator followed by more text), so any blocking gives the windows of the whole text at once.
-    Memory: the open window, the unfinished span (at most `long_span` characters) and one block."""
+    Memory: the open window, the unfinished span (at most `long_span` characters), the last whitespace
+    run (at most about 3 `long_run` characters kept: `_take`) and one block."""
 
     def __init__(self, doc_id: str, limit: int, count: Counter) -> None:
         self.doc_id, self.limit, self.count = doc_id, limit, count
@@ -81,9 +118,12 @@ class _Windower:
         self.idx = 0  # windows emitted so far
         self.look = 8 * limit  # characters tokenized ahead when cutting a long run
         self.prefix_end: Callable[[str, int], int | None] | None = getattr(count, "prefix_end", None)
+        self.run = long_run(limit)  # characters kept of each part of a whitespace run
+        self.long_ws = re.compile(rf"(?<!\s)\s{{{self.run + 1},}}")  # runs that `_collapse` may cut
+        self.drops: list[tuple[int, int]] = []  # (in buf) (start of a cut run, characters dropped from it)
 
     def feed(self, block: str, final: bool = False) -> list[Window]:
-        self.buf += block
+        self._take(block)
         self._advance(final)
         if final and self.cur is not None:
             self._emit(self.cur)
@@ -92,8 +132,45 @@ class _Windower:
         if keep:
             self.buf, self.base, self.a = self.buf[keep:], self.base + keep, self.a - keep
             self.cur = (self.cur[0] - keep, self.cur[1] - keep) if self.cur else None
+            self.base += sum(d for r, d in self.drops if r < keep)
+            self.drops = [(r - keep, d) for r, d in self.drops if r >= keep]
         out, self.out = self.out, []
         return out
+
+    def _take(self, block: str) -> None:
+        """Append `block` to the buffer, cutting every whitespace run to what `_collapse` keeps of it:
+        the run the buffer ends with (never yet looked at: `_advance` stops before it) goes on in the
+        block, so it is cut again as it grows; collapsing twice keeps what collapsing once keeps."""
+        buf = self.buf
+        start = len(buf.rstrip())  # where the buffer's last whitespace run starts (the buffer keeps it whole)
+        buf += block
+        parts, pos, gone = [], 0, 0
+        for s, e in self._long_runs(buf, start):
+            kept = _collapse(buf[s:e], self.run)
+            if len(kept) == e - s:
+                continue
+            parts += [buf[pos:s], kept]
+            pos = e
+            at, d = s - gone, e - s - len(kept)
+            gone += d
+            if self.drops and self.drops[-1][0] == at:  # the buffer's last run, cut again as it went on
+                d += self.drops.pop()[1]
+            self.drops.append((at, d))
+        self.buf = "".join([*parts, buf[pos:]]) if parts else buf
+
+    def _long_runs(self, buf: str, start: int) -> Iterator[tuple[int, int]]:
+        """The whitespace runs of buf[start:] longer than `self.run` (start: not inside a run). Such a run
+        holds three or more of every `step`-th character in a row, all whitespace: only around those the
+        regex runs (scanning every character costs more than the rest of the windowing with a fast counter)."""
+        step = max(1, (self.run + 1) // 4)
+        for m in _WS3.finditer(buf[start::step]):
+            lo, hi = start + (m.start() - 1) * step, start + m.end() * step
+            for r in self.long_ws.finditer(buf, max(start, lo), min(len(buf), hi)):
+                yield r.span()
+
+    def _at(self, i: int) -> int:
+        """The offset in the document of buf[i] (i not inside a cut whitespace run)."""
+        return self.base + i + sum(d for r, d in self.drops if r < i)
 
     def _advance(self, final: bool) -> None:
         buf, n = self.buf, len(self.buf)
@@ -240,7 +317,7 @@ class _Windower:
         self._add(s, e, self.count(self.buf[s:e]))
 
     def _add(self, s: int, e: int, n: int) -> None:
-        self.out.append(Window(self.doc_id, self.idx, self.base + s, self.base + e, self.buf[s:e], n))
+        self.out.append(Window(self.doc_id, self.idx, self._at(s), self._at(e), self.buf[s:e], n))
         self.idx += 1
 
 

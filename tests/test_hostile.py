@@ -79,6 +79,15 @@ def test_random_bytes_give_documents_or_one_line_naming_the_file(tmp_path: Path,
     assert _read_or_error(path, 0) == whole  # the streamed reader agrees with the whole one
 
 
+@pytest.mark.parametrize("data", [b"\x1c", b"\x1c\x1d\n\x1f", "\u00a0\u2003\n".encode()])
+def test_unicode_whitespace_alone_is_an_empty_file_for_both_readers(tmp_path: Path, data: bytes) -> None:
+    """str.strip() knows more whitespace than bytes.strip(): the whole-file reader once took b'\\x1c'
+    for text while the streamed one called it empty (found by the test above)."""
+    path = tmp_path / "f.txt"
+    path.write_bytes(data)
+    assert _read_or_error(path, None) == _read_or_error(path, 0) == ("error", [])
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.binary(max_size=200), suffix=st.sampled_from([".csv", ".json", ".parquet"]))
 def test_random_bytes_in_tables(tmp_path: Path, data: bytes, suffix: str) -> None:
