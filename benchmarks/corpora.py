@@ -114,10 +114,10 @@ def prepare_base(corpus: str, data: Path, base: Path, log: Path, pool: int, rout
            "--memory-layers", "last:10", "--routing", routing)  # fmt: skip
     ingest_s = time.perf_counter() - t0
     from memctl.cli.common import Rates
-    from memctl.distill import prepare
-    from memctl.preserve import prepare_pool
     from memctl.registry import Registry
-    from memctl.train import load_bank_anchor
+    from memctl.train.distill import prepare
+    from memctl.train.loop import load_bank_anchor
+    from memctl.train.preserve import prepare_pool
 
     rates = Rates()
 
@@ -203,9 +203,9 @@ def score(
 
 
 def subtree_coverage(home: Path, bank: str, subtree: int, variant: str) -> dict[str, Any]:
-    """Coverage (memctl.coverage) of the trained subtree's windows alone."""
-    from memctl.coverage import bank_coverage
+    """Coverage (memctl.train.coverage) of the trained subtree's windows alone."""
     from memctl.registry import Registry
+    from memctl.train.coverage import bank_coverage
 
     reg = Registry.open(bank, home)
     try:

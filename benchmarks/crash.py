@@ -77,8 +77,8 @@ class Scenario:
 def bank_state(home: Path) -> dict[str, Any]:
     """What 'the same bank' means: blocks (state, sha256, blocked), documents, windows and prompts
     (data fingerprint), the tree, and provenance."""
-    from memctl.merge import data_fingerprint, tree_fingerprint
     from memctl.registry import Registry
+    from memctl.train.merge import data_fingerprint, tree_fingerprint
 
     if not Registry.exists(BANK, home):
         return {"exists": False}
@@ -205,8 +205,8 @@ class Harness:
 
     # ---- one kill point ----------------------------------------------------------------------------------
     def kill_point(self, name: str) -> Point:
-        from memctl.doctor import doctor
-        from memctl.errors import BankNotFound
+        from memctl.core.errors import BankNotFound
+        from memctl.ops.doctor import doctor
 
         sc = self.scenarios[name]
         start = min(self.startup, 0.5 * sc.seconds)  # no kills during start-up, where nothing happens

@@ -56,7 +56,7 @@ def generate(path: Path, n_bytes: int, prose: bool, seed: int = 0, spaces: int =
             written += len(chunk)
 
 
-# ---- the windowing before issue 26 (memctl/corpus.py at 395a54a), for the baseline -----------------
+# ---- the windowing before issue 26 (memctl/build/corpus.py at 395a54a), for the baseline -----------------
 _PARA = re.compile(r"\n\s*\n")
 _SENT = re.compile(r"(?<=[.!?])\s+")
 
@@ -128,7 +128,7 @@ def _tokenizer(kind: str) -> object:
         from tiny import build_tiny_llama
 
         return AutoTokenizer.from_pretrained(build_tiny_llama(Path(tempfile.mkdtemp()) / "llama"))
-    from memctl.anchor import default_anchor_path
+    from memctl.model.anchor import default_anchor_path
 
     path = default_anchor_path()
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
@@ -145,8 +145,8 @@ class Quarter:
 
 
 def child(impl: str, path: Path, window: int, tokenizer: str) -> None:
-    from memctl.corpus import iter_documents, iter_windows
-    from memctl.ingest_stream import TokenCounter
+    from memctl.build.corpus import iter_documents, iter_windows
+    from memctl.build.stream import TokenCounter
 
     count: Callable[[str], int] = Quarter() if tokenizer == "chars" else TokenCounter(_tokenizer(tokenizer))
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

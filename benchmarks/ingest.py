@@ -30,7 +30,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from memctl.tree import FAISS_MIN_POINTS
+from memctl.core.tree import FAISS_MIN_POINTS
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUTE_GOAL = 50_000  # windows/s, batched
@@ -100,11 +100,11 @@ def mib(n: float) -> float:
 
 def child(corpus: Path, home: Path, out: Path, compare: bool, embedder: str) -> None:
     """One ingest in this process; with `compare`, also clustering numpy vs faiss and routing."""
-    from memctl.anchor import load_anchor
-    from memctl.bank import ingest
-    from memctl.embed import get_embedder
+    from memctl.build.embed import get_embedder
+    from memctl.build.ingest import ingest
+    from memctl.core.tree import build_tree, route
+    from memctl.model.anchor import load_anchor
     from memctl.registry import Registry
-    from memctl.tree import build_tree, route
 
     sampler = RssSampler()
     sampler.start()

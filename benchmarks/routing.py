@@ -3,12 +3,12 @@
 No model runs: only the embedder, the bank's tree and its windows. For each probe file, the share of
 probes whose route ends in a leaf with a window of the probe's document, by rule:
 
-* greedy:    the paper's descent (memctl.tree.route; `--routing tree`), the baseline;
+* greedy:    the paper's descent (memctl.core.tree.route; `--routing tree`), the baseline;
 * beam N:    any of the N leaves kept by a beam search down the tree (what `eval --beam N` fetches);
 * flat leaf: the leaf whose centroid is nearest, compared with every leaf at once;
-* nearest:   the leaf of the nearest window (memctl.routing, `--routing nearest`, exact search);
+* nearest:   the leaf of the nearest window (memctl.build.routing, `--routing nearest`, exact search);
 * nearest within N leaves: the same, searching only the windows of the N nearest leaves (what
-  banks above memctl.routing.EXACT_WINDOWS windows do, with N = NPROBE).
+  banks above memctl.build.routing.EXACT_WINDOWS windows do, with N = NPROBE).
 
     python benchmarks/routing.py HOME BANK PROBES.jsonl [PROBES.jsonl ...]
     python benchmarks/routing.py --scale 10000,100000,262144   # time only, random unit vectors
@@ -29,10 +29,10 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from memctl.embed import get_embedder
+from memctl.build.embed import get_embedder
+from memctl.build.routing import Router, WindowIndex
+from memctl.core.tree import Tree, route, route_beam
 from memctl.registry import Registry
-from memctl.routing import Router, WindowIndex
-from memctl.tree import Tree, route, route_beam
 
 
 def scale(sizes: list[int], console: Console) -> None:

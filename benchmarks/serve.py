@@ -45,8 +45,8 @@ def median_time(fn, repeats: int) -> float:  # noqa: ANN001
 def latency(home: Path, bank: str, prompts: list[str], tokens: int, repeats: int, int8: bool = False) -> dict:
     """With `int8`, the memories are served as int8 weights (`--int8`): a cold fetch then includes
     packing the path's blocks."""
-    from memctl.serve import BankSession
-    from memctl.store import BlockStore
+    from memctl.serve.session import BankSession
+    from memctl.serve.store import BlockStore
 
     rows = []
     with BankSession(bank, home, int8=int8) as s:
@@ -108,7 +108,7 @@ def synthetic_bank(home: Path, src_home: Path, src: str, name: str, tree: tuple[
                    corpus: Path) -> None:  # fmt: skip
     """A bank on the same corpus, anchor, layers and embedder with another tree, every block filled
     with random parameters of the trained blocks' scale (it is read and served, never judged)."""
-    from memctl.bank import ingest
+    from memctl.build.ingest import ingest
     from memctl.registry import Registry, now
 
     ref = Registry.open(src, src_home)
@@ -139,7 +139,7 @@ def peak_rss(home: Path, bank: str, prompt: str, tokens: int) -> int:
 
 
 def stream_bytes(home: Path, bank: str, prompts: list[str], cache_bytes: int) -> dict:
-    from memctl.api import Memories
+    from memctl.serve.api import Memories
 
     with Memories(bank, home, cache_mb=cache_bytes / 2**20) as mem:
         paths = mem.route(prompts)
@@ -153,7 +153,7 @@ def stream_bytes(home: Path, bank: str, prompts: list[str], cache_bytes: int) ->
 def question_stream(home: Path, bank: str, probes: list[dict], n: int, seed: int = 0) -> tuple[list[str], list[str]]:
     """(topic-clustered, shuffled): every probe of an element in a row, elements in the order of their
     route (a user exploring one subject, then the next), 50 questions; and the same shuffled."""
-    from memctl.api import Memories
+    from memctl.serve.api import Memories
 
     by_doc: dict[str, list[str]] = {}
     for p in probes:

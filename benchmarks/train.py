@@ -3,12 +3,12 @@
 On the elements example and the real anchor, in one process:
 
 * compare: for each objective (`lm`, then `distill`, memctl's default), memctl trains every level-1
-  unit with `memctl.train.train_unit`, and LoRA (PEFT, on gate/up/down of every layer, as many
+  unit with `memctl.train.run.train_unit`, and LoRA (PEFT, on gate/up/down of every layer, as many
   trainable parameters as the memory fetched per step) trains on exactly the same batches in the
-  same order within each unit, with the same loss (`memctl.batches.batch_loss`: next-token on
+  same order within each unit, with the same loss (`memctl.train.batches.batch_loss`: next-token on
   windows; under distill, cross-entropy against the open-book teacher's cached top-k on prompts
   about the windows). The two runs take turns on the CPU (Turns), so a drift in machine speed falls
-  on both. Both are then scored on the same probes (8 greedy tokens, memctl.probes.is_correct), and
+  on both. Both are then scored on the same probes (8 greedy tokens, memctl.core.probes.is_correct), and
   on their rephrasings (the same facts in words no prompt rule writes).
 * levers: the measured share of each of memctl's shortcuts in the speed-up, added one at a time to a
   naive scheme (full-depth memories, anchor gradients and AdamW state, batches mixing clusters).
@@ -53,18 +53,18 @@ from train_common import (
 from train_levers import CHAIN, lever_run
 from train_lora import FFN, lora_answers, lora_rank, lora_run
 
-import memctl.train
-from memctl.anchor import Anchor, attach, load_anchor
-from memctl.bank import ingest
-from memctl.batches import collate, load_samples, loss_positions
-from memctl.config import TrainConfig
-from memctl.placement import Placement, placement
-from memctl.prefix import head_split_matches
-from memctl.probes import PROBE_TOKENS, Probe, is_correct, load_probes, sample_probes, wilson
-from memctl.records import record_unit, write_unit
+import memctl.train.run
+from memctl.build.ingest import ingest
+from memctl.core.config import TrainConfig
+from memctl.core.placement import Placement, placement
+from memctl.core.probes import PROBE_TOKENS, Probe, is_correct, load_probes, sample_probes, wilson
+from memctl.model.anchor import Anchor, attach, load_anchor
+from memctl.model.prefix import head_split_matches
 from memctl.registry import Registry
-from memctl.serve import BankSession
-from memctl.train import TrainEvent, _keep_freed_memory, prepare_training, train_unit
+from memctl.serve.session import BankSession
+from memctl.train.batches import collate, load_samples, loss_positions
+from memctl.train.loop import TrainEvent, _keep_freed_memory, prepare_training, train_unit
+from memctl.train.records import record_unit, write_unit
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMCTL = 0  # memctl's run index in Turns (LoRA's is train_lora.LORA)
@@ -102,12 +102,12 @@ def make_bank(name: str, corpus: Path, home: Path, tree: tuple[int, int], ranks:
 def no_heldout() -> Iterator[None]:
     """train_unit without its held-out scoring (an early-stopping aid that LoRA's loop does not have):
     both runs train every batch, and memctl's step times hold training alone."""
-    saved = memctl.train.heldout_prompts
-    memctl.train.heldout_prompts = lambda *a, **k: None
+    saved = memctl.train.run.heldout_prompts
+    memctl.train.run.heldout_prompts = lambda *a, **k: None
     try:
         yield
     finally:
-        memctl.train.heldout_prompts = saved
+        memctl.train.run.heldout_prompts = saved
 
 
 def memctl_run(reg: Registry, anchor: Anchor, tcfg: TrainConfig, units: list[str], split_head: bool,
@@ -393,7 +393,7 @@ def main() -> None:
     anchor = load_anchor(reg.config.anchor, home, place)
     # without preservation: LoRA trains on exactly memctl's samples (compare sets the objective)
     tcfg = TrainConfig(epochs=a.epochs, lr=a.lr, batch_size=a.batch_size, objective="lm", preserve=0.0)
-    _keep_freed_memory()  # as memctl.train.train does
+    _keep_freed_memory()  # as memctl.train.run.train does
     samples = [s for u in bank_units(reg) for s in load_samples(reg, anchor, u, "lm")]
     lens = [len(s.ids) for s in samples]
     t_att = mean_keys(lens)

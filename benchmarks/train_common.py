@@ -12,12 +12,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from memctl.anchor import Anchor, decoder_layers
-from memctl.batches import Sample, epoch_batches, load_samples
-from memctl.config import TrainConfig
-from memctl.placement import CPU, Placement
+from memctl.core.config import TrainConfig
+from memctl.core.placement import CPU, Placement
+from memctl.model.anchor import Anchor, decoder_layers
 from memctl.registry import Registry
-from memctl.units import GENERIC, units_to_train
+from memctl.train.batches import Sample, epoch_batches, load_samples
+from memctl.train.units import GENERIC, units_to_train
 
 console = Console()
 if not console.is_terminal:  # logs and pipes: wide enough for the tables

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 import torch
 from train_common import Timed, bank_units
 
-from memctl.anchor import Anchor, attach
-from memctl.batches import batch_loss, build_prefix_cache, collate, epoch_batches, load_samples
-from memctl.config import TrainConfig
-from memctl.optim import BlockAdamW, clip_grad_norm
+from memctl.core.config import TrainConfig
+from memctl.model.anchor import Anchor, attach
 from memctl.registry import Registry
-from memctl.units import Unit, UnitParams, unit_of
+from memctl.train.batches import batch_loss, build_prefix_cache, collate, epoch_batches, load_samples
+from memctl.train.optim import BlockAdamW, clip_grad_norm
+from memctl.train.units import Unit, UnitParams, unit_of
 
 
 # ---- levers: memctl's step (as in train_unit) with each shortcut switched on or off -----------------

@@ -8,14 +8,13 @@ from pathlib import Path
 import torch
 from train_common import Key, Turns
 
-from memctl.anchor import Anchor, attach, decoder_layers, load_anchor
-from memctl.batches import Sample, batch_loss, collate
-from memctl.config import TrainConfig
-from memctl.optim import lr_at
-from memctl.placement import CPU, Placement
-from memctl.prefix import head_split_matches
-from memctl.probes import PROBE_TOKENS, Probe
-from memctl.serve import greedy
+from memctl.core.config import TrainConfig
+from memctl.core.placement import CPU, Placement
+from memctl.core.probes import PROBE_TOKENS, Probe
+from memctl.model.anchor import Anchor, attach, decoder_layers, greedy, load_anchor
+from memctl.model.prefix import head_split_matches
+from memctl.train.batches import Sample, batch_loss, collate
+from memctl.train.optim import lr_at
 
 FFN = ("gate_proj", "up_proj", "down_proj")
 LORA = 1  # LoRA's run index in Turns (memctl's is 0)

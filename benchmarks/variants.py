@@ -26,16 +26,15 @@ from typing import Any
 
 import torch
 
-import memctl.train as mt
-from memctl.anchor import attach
-from memctl.bank import ingest
-from memctl.config import MemoryConfig, TrainConfig
-from memctl.embed import get_embedder
-from memctl.probes import PROBE_TOKENS, is_correct, load_probes
+import memctl.train.loop as mt
+from memctl.build.embed import get_embedder
+from memctl.build.ingest import ingest
+from memctl.core.config import MemoryConfig, TrainConfig
+from memctl.core.probes import PROBE_TOKENS, is_correct, load_probes
+from memctl.core.tree import route
+from memctl.model.anchor import attach, greedy
 from memctl.registry import Registry
-from memctl.serve import greedy
-from memctl.tree import route
-from memctl.units import GENERIC, unit_of, units_to_train
+from memctl.train.units import GENERIC, unit_of, units_to_train
 
 ROOT = Path(__file__).resolve().parents[1]
 BANK = "elements"

@@ -10,7 +10,7 @@ __all__ = ["Memories", "__version__"]
 
 def __getattr__(name: str) -> Any:  # lazy: `import memctl` stays cheap for the CLI
     if name == "Memories":
-        from .api import Memories
+        from .serve.api import Memories
 
         return Memories
     raise AttributeError(f"module 'memctl' has no attribute {name!r}")

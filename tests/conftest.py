@@ -33,7 +33,7 @@ TOPICS = {
 def _small_preservation_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     """Training here makes a 64-sequence preservation pool, not the default 1,024: sampling that
     many on the tiny model costs ~10 s per bank, and only test_preserve is about the pool."""
-    from memctl.config import TrainConfig
+    from memctl.core.config import TrainConfig
 
     names = [f.name for f in dataclasses.fields(TrainConfig)]
     defaults = list(TrainConfig.__init__.__defaults__ or ())

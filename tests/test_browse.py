@@ -16,12 +16,12 @@ import pytest
 from conftest import TOPICS
 from typer.testing import CliRunner
 
-from memctl.bank import ingest
-from memctl.browse import BankView, forced_path, level_states
+from memctl.build.ingest import ingest
 from memctl.cli import app
-from memctl.privacy import audit_doc, privacy_log
+from memctl.ops.browse import BankView, forced_path, level_states
+from memctl.privacy.controls import audit_doc, privacy_log
 from memctl.registry import Registry
-from memctl.train import train
+from memctl.train.run import train
 
 LONG_ID = "gases/a_very_long_document_name_about_the_noble_gases_and_the_signs_they_light_up_at_night.txt"
 LONG_TITLE = "The noble gases glow in many colours when a current runs through them in sealed glass"
@@ -34,9 +34,9 @@ _TEMPLATES: dict[str, Path] = {}
 
 
 def _build_console_bank(root: Path, anchor: Path) -> Path:
-    from memctl.evaluate import EvalOptions, run_eval
-    from memctl.probes import load_probes
-    from memctl.serve import BankSession
+    from memctl.core.probes import load_probes
+    from memctl.eval.evaluate import EvalOptions, run_eval
+    from memctl.serve.session import BankSession
 
     docs = root / "docs"
     for topic, sents in TOPICS.items():
@@ -151,7 +151,7 @@ def test_browse_app_under_the_pilot(home: Path, bank: Registry) -> None:
 
 
 def audit_node_docs(home: Path, node: str) -> list:
-    from memctl.privacy import audit_node
+    from memctl.privacy.controls import audit_node
 
     return audit_node("v", node, home)["documents"]
 
@@ -190,7 +190,7 @@ def test_overview_holds_what_the_owner_asks_for(home: Path, console: Registry) -
 
 
 def test_search_routes_as_ask_does(home: Path, console: Registry) -> None:
-    from memctl.api import Memories
+    from memctl.serve.api import Memories
 
     view = BankView("v", home)
     try:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from memctl.corpus import Document, read_documents, split_windows
-from memctl.errors import InputError
+from memctl.build.corpus import Document, read_documents, split_windows
+from memctl.core.errors import InputError
 
 
 def words(text: str) -> int:

@@ -10,14 +10,14 @@ import torch
 import torch.nn.functional as F
 from tiny import level2_blocks_touched
 
-from memctl.anchor import attach, load_anchor
-from memctl.bank import ingest
-from memctl.batches import batch_loss, collate, prompt_samples
-from memctl.distill import TEACHER_SEPARATOR, TOPK, heldout_loss, heldout_prompts, prepare
-from memctl.prompts import prompts_for
+from memctl.build.ingest import ingest
+from memctl.model.anchor import attach, load_anchor
 from memctl.registry import Registry
-from memctl.train import train
-from memctl.units import UnitParams, unit_of
+from memctl.train.batches import batch_loss, collate, prompt_samples
+from memctl.train.distill import TEACHER_SEPARATOR, TOPK, heldout_loss, heldout_prompts, prepare
+from memctl.train.prompts import prompts_for
+from memctl.train.run import train
+from memctl.train.units import UnitParams, unit_of
 
 TEXT = (
     "Helium (symbol He) is the chemical element with atomic number 2.\n\n"
@@ -110,7 +110,7 @@ def test_train_with_distill_and_mix_objectives(home: Path, corpus: Path, tiny_an
 
 
 def test_windows_without_prompts_are_still_learned_under_distill(home: Path, tiny_anchor: Path, tmp_path: Path) -> None:
-    from memctl.batches import load_samples
+    from memctl.train.batches import load_samples
 
     docs = tmp_path / "plain"
     docs.mkdir()
@@ -157,7 +157,7 @@ def test_heldout_loss_is_the_training_loss_on_the_held_out_prompts(home: Path, c
 
 
 def test_parse_questions_keeps_one_short_on_topic_question_per_line() -> None:
-    from memctl.questions import parse_questions
+    from memctl.train.questions import parse_questions
 
     got = parse_questions(  # what SmolLM2-135M wrote for the Molybdenum window
         "1. When was the Eiffel Tower completed?\n2. How tall is the Eiffel Tower?\n"
@@ -171,10 +171,10 @@ def test_parse_questions_keeps_one_short_on_topic_question_per_line() -> None:
 def test_anchor_questions_are_answered_open_book_routed_alone_and_leave_with_their_document(
     home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import memctl.distill as distill
-    from memctl.embed import get_embedder
-    from memctl.questions import chat_prompt, write_questions
-    from memctl.routing import route_prompts
+    import memctl.train.distill as distill
+    from memctl.build.embed import get_embedder
+    from memctl.build.routing import route_prompts
+    from memctl.train.questions import chat_prompt, write_questions
 
     reg, anchor = _prepared(home, corpus, tiny_anchor)
     tok = anchor.tokenizer

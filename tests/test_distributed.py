@@ -16,13 +16,13 @@ import torch
 from conftest import tree_digest
 from typer.testing import CliRunner
 
-from memctl.bank import ingest
+from memctl.build.ingest import ingest
 from memctl.cli import app
-from memctl.distributed import World, share
-from memctl.errors import BankStateError, InputError
-from memctl.merge import merge, train_out
+from memctl.core.errors import BankStateError, InputError
 from memctl.registry import Registry
-from memctl.train import train
+from memctl.train.distributed import World, share
+from memctl.train.merge import merge, train_out
+from memctl.train.run import train
 
 CFG = {"epochs": 2, "batch_size": 2, "objective": "mix", "preserve_pool": 64}  # windows and prompts both train
 FLAGS = ["--epochs", "2", "--batch-size", "2", "--objective", "mix", "--preserve-pool", "64"]
@@ -155,7 +155,7 @@ def test_torchrun_data_parallel_ranks_inside_units_equal_one_process(banks: tupl
 
 STOP_THEN_RESUME = """
 import json, sys
-from memctl.train import train
+from memctl.train.run import train
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else None
 train("new", json.loads(sys.argv[1]), max_steps=steps, dp=2)
 """
@@ -286,15 +286,15 @@ def test_train_out_refuses_bad_requests(home: Path, corpus: Path, tiny_anchor: P
 
 FAILING_RANK = """
 import os, sys
-import memctl.distributed
+import memctl.train.distributed
 from memctl.cli import app
-from memctl.errors import InputError
+from memctl.core.errors import InputError
 
 def fail(*args, **kwargs):
     raise InputError("unit failed on purpose")
 
 if os.environ["RANK"] == "1":
-    memctl.distributed.train_unit = fail
+    memctl.train.distributed.train_unit = fail
 sys.exit(app())
 """
 

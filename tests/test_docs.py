@@ -130,7 +130,7 @@ def test_readme_names_the_two_commands_the_makefile_has() -> None:
 
 def test_readme_python_snippet_runs(home: Path, corpus: Path, tiny_anchor: Path) -> None:
     """The README's Memories example, run as written on a tiny bank named as it says."""
-    from memctl.bank import ingest
+    from memctl.build.ingest import ingest
 
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
     assert blocks, "README.md has no ```python block"

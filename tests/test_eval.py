@@ -12,17 +12,17 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import memctl.evaluate as ev
-from memctl.api import unique_paths
-from memctl.bank import ingest
+import memctl.eval.evaluate as ev
+from memctl.build.ingest import ingest
 from memctl.cli import app
-from memctl.errors import InputError
-from memctl.evalruns import EvalRuns, ItemResult
-from memctl.probes import Probe, is_correct, load_probes, sample_probes, wilson
+from memctl.core.errors import InputError
+from memctl.core.probes import Probe, is_correct, load_probes, sample_probes, wilson
+from memctl.core.tree import best_matching, nodes_to_block, route, route_avoiding, route_beam
+from memctl.eval.runs import EvalRuns, ItemResult
 from memctl.registry import Registry
-from memctl.serve import BankSession
-from memctl.train import train
-from memctl.tree import best_matching, nodes_to_block, route, route_avoiding, route_beam
+from memctl.serve.api import unique_paths
+from memctl.serve.session import BankSession
+from memctl.train.run import train
 
 runner = CliRunner()
 PROBES = [

@@ -11,12 +11,12 @@ import pytest
 import torch
 from conftest import tree_digest
 
-from memctl.bank import ingest
-from memctl.errors import InputError
-from memctl.forget import _remove, forget, plan_forget
-from memctl.proof import verify_forgotten
+from memctl.build.ingest import ingest
+from memctl.core.errors import InputError
+from memctl.privacy.forget import _remove, forget, plan_forget
+from memctl.privacy.proof import verify_forgotten
 from memctl.registry import Registry
-from memctl.train import train
+from memctl.train.run import train
 
 DOC = "metals/0.txt"
 SECRET = b"strong metal used in steel and bridges"
@@ -103,7 +103,7 @@ def _in_units(row: dict, units: list[str], k: int) -> bool:
 def test_interrupted_forget_changes_nothing(home: Path, twin_banks, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
     a, _ = twin_banks
     digest = tree_digest(a.path)
-    import memctl.forget as fg
+    import memctl.privacy.forget as fg
 
     calls = {"n": 0}
     real = fg.record_unit

@@ -25,16 +25,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-import memctl.corpus as corpus
-import memctl.windowing as windowing
-from memctl.bank import ingest
+import memctl.build.corpus as corpus
+import memctl.build.windowing as windowing
+from memctl.build.corpus import Document, iter_documents, read_documents, split_windows
+from memctl.build.ingest import ingest
+from memctl.build.windowing import windows_of
 from memctl.cli import app
-from memctl.corpus import Document, iter_documents, read_documents, split_windows
-from memctl.errors import InputError, IntegrityError
-from memctl.leftovers import export_leftovers
+from memctl.core.errors import InputError, IntegrityError
+from memctl.ops.leftovers import export_leftovers
+from memctl.ops.transfer import export_bank, import_bank
 from memctl.registry import Registry
-from memctl.transfer import export_bank, import_bank
-from memctl.windowing import windows_of
 
 runner = CliRunner()
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -527,7 +527,7 @@ def test_a_sparse_archive_is_refused_before_writing(home: Path, tmp_path: Path) 
 
 
 def _export_fixture(home: Path, corpus: Path, tiny_anchor: Path) -> None:
-    from memctl.train import train
+    from memctl.train.run import train
 
     ingest("b", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 1), home=home)
     train("b", {"epochs": 1, "batch_size": 4, "objective": "lm", "preserve": 0}, home=home)
@@ -563,7 +563,7 @@ def test_a_killed_export_leaves_no_archive_part_and_its_snapshot_is_swept(
     child = f"""
 import sys, time
 from pathlib import Path
-import memctl.transfer as t
+import memctl.ops.transfer as t
 real = t._add
 def slow(tar, arc, src, size):
     real(tar, arc, src, size)
@@ -627,7 +627,7 @@ def test_the_embedding_spool_has_no_name(tmp_path: Path, monkeypatch: pytest.Mon
     """A killed ingest leaves no `memctl-ingest-*` file behind: the spool is never named."""
     import numpy as np
 
-    from memctl.ingest_stream import Spool
+    from memctl.build.stream import Spool
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr("tempfile.tempdir", None)
@@ -640,7 +640,7 @@ def test_the_embedding_spool_has_no_name(tmp_path: Path, monkeypatch: pytest.Mon
 
 # ---- probe files and --json of ask, chat and browse -------------------------------------------------------
 def test_an_unreadable_probe_file_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from memctl.probes import load_probes
+    from memctl.core.probes import load_probes
 
     with pytest.raises(InputError, match="is a directory") as e:
         load_probes(tmp_path)  # a directory given as the file
@@ -664,13 +664,13 @@ def test_an_unreadable_probe_file_is_one_line_naming_it(tmp_path: Path, monkeypa
 def test_ask_chat_and_browse_json_never_hold_nan(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
     from dataclasses import dataclass, field
 
-    import memctl.browse
-    import memctl.serve
+    import memctl.ops.browse
+    import memctl.serve.session
     from memctl.cli.answer import _json_chat
 
     nan = float("nan")
     answer = {"answer": "x", "relevance": nan, "relevance_floor": math.inf, "timings": {"route_s": -math.inf}}
-    monkeypatch.setattr(memctl.serve, "ask", lambda *a, **k: answer)
+    monkeypatch.setattr(memctl.serve.session, "ask", lambda *a, **k: answer)
     res = invoke("ask", "Iron is", "--bank", "b", "--json")
     assert res.exit_code == 0, res.output
     assert _strict(res.stdout) == {
@@ -680,7 +680,7 @@ def test_ask_chat_and_browse_json_never_hold_nan(monkeypatch: pytest.MonkeyPatch
         "timings": {"route_s": None},
     }
 
-    monkeypatch.setattr(memctl.browse, "overview_json", lambda name: json.dumps({"bank": name, "loss": nan}))
+    monkeypatch.setattr(memctl.ops.browse, "overview_json", lambda name: json.dumps({"bank": name, "loss": nan}))
     res = invoke("browse", "--bank", "b", "--json")
     assert res.exit_code == 0, res.output
     assert _strict(res.stdout) == {"bank": "b", "loss": None}

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from memctl.anchor import attach, decoder_layers
-from memctl.memory import Fetched, LevelFetch, block_generator, init_block, memory_delta
+from memctl.model.anchor import attach, decoder_layers
+from memctl.model.memory import Fetched, LevelFetch, block_generator, init_block, memory_delta
 
 
 def _model(path: Path) -> torch.nn.Module:

@@ -11,14 +11,14 @@ import torch
 from conftest import tree_digest
 from test_cli import invoke, make_bank, one_error_line
 
-import memctl.train as train_module
-from memctl.anchor import load_anchor
-from memctl.bank import ingest
-from memctl.errors import InputError
-from memctl.memory import block_generator, init_block
-from memctl.placement import CPU, Placement, placement
+import memctl.train.run as train_module
+from memctl.build.ingest import ingest
+from memctl.core.errors import InputError
+from memctl.core.placement import CPU, Placement, placement
+from memctl.model.anchor import load_anchor
+from memctl.model.memory import block_generator, init_block
 from memctl.registry import Registry
-from memctl.train import train
+from memctl.train.run import train
 
 SETTINGS = {"epochs": 2, "preserve": 0}
 
@@ -129,7 +129,7 @@ def test_cli_refuses_a_device_or_dtype_it_cannot_use(home: Path, corpus: Path, t
 def test_blocks_are_served_where_the_model_runs_in_its_dtype(
     corpus: Path, tiny_anchor: Path, home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from memctl.api import Memories
+    from memctl.serve.api import Memories
 
     _trained(corpus, tiny_anchor, home)
     prompts = ["Iron is a strong metal", "The owl is a bird"]

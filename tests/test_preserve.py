@@ -9,16 +9,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from memctl.anchor import load_anchor
-from memctl.bank import ingest
-from memctl.batches import epoch_batches, load_samples, preserve_samples
-from memctl.config import TrainConfig
-from memctl.distill import prepare
-from memctl.preserve import LENGTH, TOPK, prepare_pool, special_ids
+from memctl.build.ingest import ingest
+from memctl.core.config import TrainConfig
+from memctl.model.anchor import load_anchor
 from memctl.registry import Registry
-from memctl.train import train
+from memctl.train.batches import epoch_batches, load_samples, preserve_samples
+from memctl.train.distill import prepare
+from memctl.train.preserve import LENGTH, TOPK, prepare_pool, special_ids
+from memctl.train.run import train
 
-POOL = 256  # pools made here directly (the default, memctl.preserve.POOL, is larger: slow on the tiny model)
+POOL = 256  # pools made here directly (the default, memctl.train.preserve.POOL, is larger: slow on the tiny model)
 
 UNRELATED = [
     "The committee will meet on Thursday to review the budget for the new library wing.",
@@ -63,7 +63,7 @@ def test_pool_is_the_anchors_own_text_with_its_own_distributions(home: Path, cor
 def test_pool_is_made_once_per_anchor_seed_and_size_under_a_home(
     home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import memctl.preserve as preserve
+    import memctl.train.preserve as preserve
 
     def stored(reg: Registry) -> list[tuple[bytes, bytes, bytes]]:
         return [tuple(r.values()) for r in reg.db.query("select ids, topk_idx, topk_logp from preserve order by id")]
@@ -98,7 +98,7 @@ def test_pool_is_made_once_per_anchor_seed_and_size_under_a_home(
 
 
 def test_pool_openings_are_seeded_and_bos_pools_are_the_anchors_start(tiny_anchor: Path, home: Path) -> None:
-    from memctl.preserve import sample_pool
+    from memctl.train.preserve import sample_pool
 
     anchor = load_anchor(str(tiny_anchor), home)
     a = sample_pool(anchor, 8, length=12, seed=5)
@@ -139,18 +139,18 @@ def test_preservation_samples_take_their_share_on_the_units_own_paths(
 def test_tail_loss_is_flat_where_the_student_is_the_teacher(monkeypatch: pytest.MonkeyPatch) -> None:
     """Preservation matches the whole distribution (top-k plus the rest); renormalising the top-k
     would keep pulling mass onto the top-k even from a student that already equals the teacher."""
-    import memctl.distill as distill
+    import memctl.train.batches as batches
 
     torch.manual_seed(0)
     logits = torch.randn(5, 50) * 2
     student = torch.nn.Linear(1, 1)  # stands for the model; its "logits" at position t are w[t]
     student.w = torch.nn.Parameter(logits.clone())
-    monkeypatch.setattr(distill, "logits_at", lambda model, ids, mask, rows, cols, *rest: model.w[cols])
+    monkeypatch.setattr(batches, "logits_at", lambda model, ids, mask, rows, cols, *rest: model.w[cols])
     top = F.log_softmax(logits, -1).topk(8, dim=-1)
     pos = torch.stack([torch.zeros(5, dtype=torch.long), torch.arange(5)], 1)
     for tail, flat in ((True, True), (False, False)):
         student.w.grad = None
-        loss = distill.kd_loss(student, torch.zeros(1, 5), torch.ones(1, 5), pos, top.indices, top.values, tail=tail)
+        loss = batches.kd_loss(student, torch.zeros(1, 5), torch.ones(1, 5), pos, top.indices, top.values, tail=tail)
         loss.backward()
         assert bool(student.w.grad.abs().max() < 1e-6) is flat
 
@@ -166,10 +166,10 @@ def _kl_on(model: torch.nn.Module, handle, fetched, seqs: list[list[int]]) -> fl
 
 
 def test_preservation_undoes_damage_on_anchor_text_it_never_saw(home: Path, corpus: Path, tiny_anchor: Path) -> None:
-    from memctl.anchor import attach
-    from memctl.batches import batch_loss, collate
-    from memctl.memory import Fetched, LevelFetch
-    from memctl.preserve import sample_pool
+    from memctl.model.anchor import attach
+    from memctl.model.memory import Fetched, LevelFetch
+    from memctl.train.batches import batch_loss, collate
+    from memctl.train.preserve import sample_pool
 
     reg = _bank("k", home, corpus, tiny_anchor)
     anchor = load_anchor(str(tiny_anchor), home)
@@ -231,7 +231,7 @@ def test_special_ids_include_added_tokens_marked_special() -> None:
 
 
 def test_a_pool_cache_that_cannot_be_written_costs_nothing(tmp_path: Path) -> None:
-    import memctl.preserve as preserve
+    import memctl.train.preserve as preserve
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")

@@ -13,15 +13,17 @@ import torch
 from conftest import tree_digest
 from typer.testing import CliRunner
 
-from memctl.bank import info, ingest
+from memctl.build.ingest import ingest
 from memctl.cli import app
-from memctl.errors import InputError
-from memctl.privacy import audit_doc, audit_node, reachable_blocks, set_blocked
+from memctl.core.errors import InputError
+from memctl.core.tree import best_matching, nodes_to_block
+from memctl.ops.info import info
+from memctl.privacy.controls import audit_doc, audit_node, set_blocked
 from memctl.registry import Registry, block_id
-from memctl.serve import BankSession
-from memctl.store import BlockStore
-from memctl.train import train
-from memctl.tree import best_matching, nodes_to_block
+from memctl.registry.access import reachable_blocks
+from memctl.serve.session import BankSession
+from memctl.serve.store import BlockStore
+from memctl.train.run import train
 
 runner = CliRunner()
 CFG = {"epochs": 2, "batch_size": 2, "objective": "mix"}
@@ -165,7 +167,7 @@ def test_cache_respects_its_byte_budget_and_pins_shallow_levels(home: Path, bank
 def test_fetched_blocks_are_bit_identical_to_the_trained_parameters(
     home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import memctl.records as rec
+    import memctl.train.records as rec
 
     trained: dict[str, dict[str, torch.Tensor]] = {}
     real = rec.write_unit
@@ -317,7 +319,7 @@ def test_cli_block_audit_forget_round_trip(home: Path, bank: Registry) -> None:
 def test_an_interrupted_tagging_changes_nothing(
     home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import memctl.ingest_stream as bank_mod  # where ingest tags documents
+    import memctl.build.stream as bank_mod  # where ingest tags documents
 
     ingest("q", [corpus / "gases"], anchor=str(tiny_anchor), embedder="hash", tree=(2, 1), home=home)
     before = tree_digest(home / "banks" / "q")

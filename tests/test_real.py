@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from memctl.bank import ingest
-from memctl.embed import MiniLMEmbedder
-from memctl.serve import BankSession
-from memctl.train import train
+from memctl.build.embed import MiniLMEmbedder
+from memctl.build.ingest import ingest
+from memctl.serve.session import BankSession
+from memctl.train.run import train
 
 pytestmark = pytest.mark.real
 

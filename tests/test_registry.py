@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from memctl.bank import ingest
-from memctl.config import BankConfig, MemoryConfig, TreeConfig
-from memctl.errors import BankNotFound, IntegrityError
+from memctl.build.ingest import ingest
+from memctl.core.config import BankConfig, MemoryConfig, TreeConfig
+from memctl.core.errors import BankNotFound, IntegrityError
+from memctl.core.tree import build_tree
 from memctl.registry import Registry
 from memctl.registry.migrations import MIGRATIONS
-from memctl.tree import build_tree
 
 
 def test_config_json_round_trip() -> None:

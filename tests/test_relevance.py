@@ -1,4 +1,4 @@
-"""The relevance gate (memctl.relevance): a context unrelated to the bank fetches no memory, in ask,
+"""The relevance gate (memctl.core.relevance): a context unrelated to the bank fetches no memory, in ask,
 the Python API, chat and eval, and the anchor answers it exactly as it would alone. Tiny model,
 test embedder."""
 
@@ -13,14 +13,14 @@ import torch
 from typer.testing import CliRunner
 
 from memctl import Memories
-from memctl import evaluate as ev
-from memctl.bank import ingest
-from memctl.chat import Chat, ChatSettings, describe
+from memctl.build.ingest import ingest
 from memctl.cli import app
-from memctl.relevance import NEAREST_SHARE, RELEVANCE_SHARE, calibrate, gate, leaf_similarity, unrelated
-from memctl.serve import BankSession
-from memctl.train import train
-from memctl.tree import Tree, route
+from memctl.core.relevance import NEAREST_SHARE, RELEVANCE_SHARE, calibrate, gate, leaf_similarity, unrelated
+from memctl.core.tree import Tree, route
+from memctl.eval import evaluate as ev
+from memctl.serve.chat import Chat, ChatSettings, describe
+from memctl.serve.session import BankSession
+from memctl.train.run import train
 
 runner = CliRunner()
 RELATED = "Neon is a noble gas that glows red in signs."
@@ -157,7 +157,7 @@ def test_eval_leaves_a_gated_probe_to_the_anchor_in_every_setup_but_the_diagnost
     """An unrelated probe next to a related one: in generic, fetched, rag, rag+fetched, beam and
     blocked setups the unrelated one fetches and retrieves nothing and answers as the anchor does;
     fetched-corrupted (the wrong leaf's blocks, a diagnostic about parameters) stays ungated."""
-    from memctl.probes import Probe
+    from memctl.core.probes import Probe
 
     probes = [Probe("", "k", RELATED, ("red",)), Probe("", "k", UNRELATED, ("x",))]
     setups = ("anchor", "generic", "fetched", "rag", "rag+fetched", "fetched-corrupted")
@@ -204,7 +204,7 @@ def test_rag_retrieves_nothing_for_a_prompt_the_gate_left_to_the_anchor(home: Pa
 
 def test_calibration_samples_ids_evenly_and_survives_gaps(home: Path, routed_bank: str) -> None:
     bank = routed_bank
-    from memctl.relevance import sample_ids
+    from memctl.core.relevance import sample_ids
 
     assert sample_ids(3, 7) == [3, 4, 5, 6, 7]
     ids = sample_ids(1, 100_000, limit=100)

@@ -17,14 +17,14 @@ import pytest
 import torch
 from test_security import invoke, one_error_line
 
-from memctl.bank import ingest
-from memctl.doctor import doctor
-from memctl.errors import InputError
-from memctl.forget import forget, plan_forget
-from memctl.lock import BankBusy, bank_lock, policy
+from memctl.build.ingest import ingest
+from memctl.core.errors import InputError
+from memctl.ops.doctor import doctor
+from memctl.privacy.forget import forget, plan_forget
 from memctl.registry import Registry
-from memctl.store import BlockStore
-from memctl.train import train
+from memctl.registry.lock import BankBusy, bank_lock, policy
+from memctl.serve.store import BlockStore
+from memctl.train.run import train
 
 FAST = {"epochs": 1, "batch_size": 4, "objective": "lm", "preserve": 0.0}
 D1, D2 = "metals/0.txt", "metals/1.txt"  # same topic: they share blocks (the generic memory at least)
@@ -330,7 +330,7 @@ def test_train_closes_runs_a_killed_train_left_running(home: Path, corpus: Path,
 
 
 def test_doctor_on_checkpoints(home: Path, corpus: Path, tiny_anchor: Path) -> None:
-    from memctl.checkpoint import checkpoint_path
+    from memctl.registry.checkpoints import checkpoint_path
 
     reg = _bank(corpus, tiny_anchor, home, trained=False)
     assert train("b", FAST, home=home, max_steps=1).interrupted
@@ -352,7 +352,7 @@ def test_doctor_on_checkpoints(home: Path, corpus: Path, tiny_anchor: Path) -> N
 def test_export_and_import_take_the_writer_lock(
     home: Path, corpus: Path, tiny_anchor: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from memctl.transfer import export_bank, import_bank
+    from memctl.ops.transfer import export_bank, import_bank
 
     _bank(corpus, tiny_anchor, home, trained=False).close()
     archive = tmp_path / "b.memctl"

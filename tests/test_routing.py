@@ -10,12 +10,12 @@ import pytest
 from conftest import tree_digest
 from typer.testing import CliRunner
 
+from memctl.build.routing import Router, WindowIndex, route_prompts
 from memctl.cli import app
-from memctl.config import BankConfig
+from memctl.core.config import BankConfig
+from memctl.core.relevance import NEAREST_SHARE
+from memctl.core.tree import Tree, route
 from memctl.registry import Registry
-from memctl.relevance import NEAREST_SHARE
-from memctl.routing import Router, WindowIndex, route_prompts
-from memctl.tree import Tree, route
 
 runner = CliRunner()
 

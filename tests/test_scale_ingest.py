@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from conftest import tree_digest
 
-from memctl.bank import ingest
-from memctl.errors import InputError
+from memctl.build.ingest import ingest
+from memctl.core.errors import InputError
+from memctl.core.tree import Tree, balanced_kmeans, build_tree, route
 from memctl.registry import Registry
-from memctl.tree import Tree, balanced_kmeans, build_tree, route
 
 faiss = pytest.importorskip("faiss")
 
@@ -157,8 +157,8 @@ def test_batched_route_matches_per_row_descent_in_any_chunking() -> None:
 def test_batched_token_counts_give_the_same_windows(tiny_anchor: Path) -> None:
     from transformers import AutoTokenizer
 
-    from memctl.corpus import Document, paragraphs, split_windows
-    from memctl.ingest_stream import TokenCounter
+    from memctl.build.corpus import Document, paragraphs, split_windows
+    from memctl.build.stream import TokenCounter
 
     tok = AutoTokenizer.from_pretrained(tiny_anchor)
     texts = [

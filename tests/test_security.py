@@ -18,17 +18,18 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from memctl.bank import ingest
-from memctl.checkpoint import TrainState, checkpoint_path, decode, encode
+from memctl.build.ingest import ingest
 from memctl.cli import app
-from memctl.config import BankConfig, MemoryConfig, TreeConfig
-from memctl.distributed import decode_message, encode_message
-from memctl.merge import train_out
-from memctl.records import TrainedUnit, UnitResult
+from memctl.core.config import BankConfig, MemoryConfig, TreeConfig
+from memctl.ops.transfer import export_bank, import_bank
 from memctl.registry import Registry
-from memctl.train import train
-from memctl.transfer import export_bank, import_bank
-from memctl.units import UnitParams, unit_of
+from memctl.registry.checkpoints import checkpoint_path
+from memctl.train.checkpoint import TrainState, decode, encode
+from memctl.train.distributed import decode_message, encode_message
+from memctl.train.merge import train_out
+from memctl.train.records import TrainedUnit, UnitResult
+from memctl.train.run import train
+from memctl.train.units import UnitParams, unit_of
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

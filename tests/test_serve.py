@@ -15,16 +15,16 @@ import torch
 from typer.testing import CliRunner
 
 from memctl import Memories
-from memctl.bank import ingest
-from memctl.chat import Chat, ChatSettings
+from memctl.build.ingest import ingest
 from memctl.cli import app
-from memctl.memory import memory_delta
-from memctl.privacy import set_blocked
-from memctl.rag import Retriever
+from memctl.model.memory import memory_delta
+from memctl.privacy.controls import set_blocked
 from memctl.registry import Registry, block_id
-from memctl.serve import BankSession
-from memctl.store import BlockStore, block_bytes
-from memctl.train import train
+from memctl.serve.chat import Chat, ChatSettings
+from memctl.serve.rag import Retriever
+from memctl.serve.session import BankSession
+from memctl.serve.store import BlockStore, block_bytes
+from memctl.train.run import train
 
 runner = CliRunner()
 QUERIES = ["Iron is a strong metal", "Neon is a noble gas", "The owl hunts at night", "copper conducts"]
@@ -71,7 +71,7 @@ def test_rag_retrieves_inside_the_routed_leaf_deterministically(home: Path, bank
 
 
 def test_rag_puts_the_window_in_the_prompt(home: Path, bank: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
-    import memctl.serve as serve
+    import memctl.serve.session as serve
 
     seen: list[list[str]] = []
     real = serve.greedy
@@ -322,7 +322,7 @@ def test_int8_packing_lets_no_deprecation_warning_through() -> None:
     reached `ask --int8`'s stderr. A fresh process, so the once-per-process warning is still due."""
     code = (
         "import torch, warnings\n"
-        "from memctl.memory import pack_int8\n"
+        "from memctl.model.memory import pack_int8\n"
         "warnings.simplefilter('error')\n"
         "b = [{p: torch.randn(8, 64, 96) for p in ('gate', 'up', 'down')} for _ in range(2)]\n"
         "packed = pack_int8(b)\n"

@@ -9,16 +9,16 @@ import torch
 import torch.nn.functional as F
 from tiny import level2_blocks_touched
 
-from memctl.anchor import load_anchor
-from memctl.bank import ingest
-from memctl.batches import kd_targets, load_samples, prompt_samples
-from memctl.coverage import bank_coverage, content_words, window_coverage
-from memctl.distill import TEACHER_SEPARATOR, TOPK, prepare
-from memctl.embed import get_embedder
-from memctl.prompts import prompts_for
+from memctl.build.embed import get_embedder
+from memctl.build.ingest import ingest
+from memctl.core.tree import route
+from memctl.model.anchor import load_anchor
 from memctl.registry import Registry
-from memctl.study import STUDY, pick_seeds, seeds_for, subject_of, teacher_context
-from memctl.tree import route
+from memctl.train.batches import kd_targets, load_samples, prompt_samples
+from memctl.train.coverage import bank_coverage, content_words, window_coverage
+from memctl.train.distill import TEACHER_SEPARATOR, TOPK, prepare
+from memctl.train.prompts import prompts_for
+from memctl.train.study import STUDY, pick_seeds, seeds_for, subject_of, teacher_context
 
 
 def _answers(text: str, subject: str) -> dict[str, str]:
@@ -221,7 +221,7 @@ def test_bad_study_count_is_a_one_line_error_and_trains_nothing(home: Path, corp
 
 
 def test_a_range_answer_is_taught_without_a_space_after_its_hyphen(tiny_anchor: Path, home: Path) -> None:
-    from memctl.distill import _answer_ids
+    from memctl.train.distill import _answer_ids
 
     tok = load_anchor(str(tiny_anchor), home).tokenizer
     prompt = "Tomas Vey, a Danish printer (1675-"

@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from memctl.anchor import attach, decoder_layers, load_anchor, neuron_std
-from memctl.bank import ingest
-from memctl.batches import collate, load_samples
-from memctl.optim import BlockAdamW
-from memctl.prefix import prefix_states, suffix_logits
+from memctl.build.ingest import ingest
+from memctl.model.anchor import attach, decoder_layers, load_anchor, neuron_std
+from memctl.model.prefix import prefix_states, suffix_logits
 from memctl.registry import Registry
-from memctl.stopping import should_stop
-from memctl.train import train
-from memctl.units import UnitParams, unit_of
+from memctl.train.batches import collate, load_samples
+from memctl.train.optim import BlockAdamW
+from memctl.train.run import train
+from memctl.train.stopping import should_stop
+from memctl.train.units import UnitParams, unit_of
 
 
 def _bank(corpus: Path, anchor: Path, home: Path, name: str = "b", layers: str = "all") -> Registry:
@@ -165,7 +165,7 @@ def test_training_with_prefix_cache_equals_training_without(
 ) -> None:  # noqa: ANN001
     a = _bank(corpus, tiny_anchor, home, "a", layers="last:2")
     train("a", {"epochs": 1, "batch_size": 2, "objective": "mix"}, home=home)
-    import memctl.train as tr
+    import memctl.train.loop as tr
 
     monkeypatch.setattr(tr, "build_prefix_cache", lambda *args, **kw: None)
     b = _bank(corpus, tiny_anchor, home, "b", layers="last:2")
@@ -178,8 +178,8 @@ def test_training_with_prefix_cache_equals_training_without(
 
 
 def test_head_on_labelled_positions_only_gives_the_same_loss(home: Path, corpus: Path, tiny_anchor: Path) -> None:
-    from memctl.batches import lm_loss
-    from memctl.prefix import head_split_matches
+    from memctl.model.prefix import head_split_matches
+    from memctl.train.batches import lm_loss
 
     reg = _bank(corpus, tiny_anchor, home, layers="last:2")
     anchor = load_anchor(str(tiny_anchor), home)

@@ -19,13 +19,14 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from tiny import build_tiny_llama
 
-from memctl.bank import ingest
-from memctl.errors import AnchorError, BankStateError, InputError, IntegrityError
-from memctl.privacy import reachable_blocks, set_blocked
+from memctl.build.ingest import ingest
+from memctl.core.errors import AnchorError, BankStateError, InputError, IntegrityError
+from memctl.ops.transfer import export_bank, import_bank
+from memctl.privacy.controls import set_blocked
 from memctl.registry import Registry
-from memctl.serve import BankSession
-from memctl.train import train
-from memctl.transfer import export_bank, import_bank
+from memctl.registry.access import reachable_blocks
+from memctl.serve.session import BankSession
+from memctl.train.run import train
 
 PRIVATE = "metals/0.txt"  # untagged: only the owner may use it
 SECRET = b"strong metal used in steel"
@@ -75,7 +76,7 @@ def _bank_files(reg: Registry) -> list[str]:
 
 def _leftovers(home: Path) -> list[str]:
     """Everything under home/banks but the source bank and the writer lock file beside each bank that is
-    there (memctl.lock; a lock file of no bank is a leftover): a refused import must leave this empty."""
+    there (memctl.registry.lock; a lock file of no bank is a leftover): a refused import must leave this empty."""
     names = {p.name for p in (home / "banks").iterdir()}
     locks = {f".{n}.lock" for n in names}
     return sorted(n for n in names - locks if n != "src")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from memctl.config import default_tree
-from memctl.tree import balanced_kmeans, build_tree, route
+from memctl.core.config import default_tree
+from memctl.core.tree import balanced_kmeans, build_tree, route
 
 
 def _points(n: int, dim: int = 16, seed: int = 0) -> np.ndarray:

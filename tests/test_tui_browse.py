@@ -17,8 +17,8 @@ from test_browse import LONG_ID, console_home
 from textual.pilot import Pilot
 from textual.widgets import ContentSwitcher, DataTable, Input, Static, Tree
 
-from memctl.browse import BankView
-from memctl.privacy import audit_doc, privacy_log
+from memctl.ops.browse import BankView
+from memctl.privacy.controls import audit_doc, privacy_log
 from memctl.registry import Registry
 from memctl.tui.browse import BrowseApp
 from memctl.tui.overview import Overview

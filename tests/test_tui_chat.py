@@ -11,9 +11,9 @@ from test_browse import console_home
 from test_tui_browse import plain
 from textual.widgets import Input
 
-from memctl.chat import Chat, ChatSettings
 from memctl.registry import Registry
-from memctl.serve import BankSession
+from memctl.serve.chat import Chat, ChatSettings
+from memctl.serve.session import BankSession
 from memctl.tui.chat import ChatApp, Message
 from memctl.tui.widgets import HelpScreen, PathView
 

@@ -14,11 +14,11 @@ import pytest
 from test_browse import console_home, normalise
 from textual.pilot import Pilot
 
-from memctl.browse import BankView
-from memctl.chat import Chat, ChatSettings
-from memctl.privacy import set_blocked
+from memctl.ops.browse import BankView
+from memctl.privacy.controls import set_blocked
 from memctl.registry import Registry
-from memctl.serve import BankSession
+from memctl.serve.chat import Chat, ChatSettings
+from memctl.serve.session import BankSession
 from memctl.tui.browse import BrowseApp
 from memctl.tui.chat import ChatApp
 
@@ -61,10 +61,10 @@ def test_tree_with_a_search(snap_compare: Any, home: Path, console: Registry, si
 def test_chat_with_its_path_view(
     snap_compare: Any, home: Path, console: Registry, size: tuple[int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import memctl.chat
+    import memctl.serve.chat
 
     ticks = itertools.count()
-    monkeypatch.setattr(memctl.chat, "time", types.SimpleNamespace(perf_counter=lambda: 0.01 * next(ticks)))
+    monkeypatch.setattr(memctl.serve.chat, "time", types.SimpleNamespace(perf_counter=lambda: 0.01 * next(ticks)))
 
     async def talk(pilot: Pilot) -> None:
         await pilot.press(*QUERY, "enter")

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_hostile import PIECES, _blocks, _old_split, _spans_of, quarter, words
 
-import memctl.windowing as windowing
-from memctl.windowing import windows_of
+import memctl.build.windowing as windowing
+from memctl.build.windowing import windows_of
 
 MB = 2**20
 

@@ -61,10 +61,9 @@ def level2_blocks_touched(anchor: object, samples: list) -> tuple[list[bool], li
     """Distillation loss of `samples` (unit 0's, on level-2 nodes 0 and 1) backpropagated into two random
     level-2 blocks on every layer: (blocks whose gradient is non-zero, blocks some sample routes to).
     Also checks that the frozen anchor got no gradient."""
-    from memctl.anchor import attach
-    from memctl.batches import kd_targets
-    from memctl.distill import kd_loss
-    from memctl.memory import Fetched, LevelFetch
+    from memctl.model.anchor import attach
+    from memctl.model.memory import Fetched, LevelFetch
+    from memctl.train.batches import kd_loss, kd_targets
 
     n, d = anchor.n_layers, anchor.hidden
     handle = attach(anchor.model, tuple(range(n)))

@@ -156,7 +156,7 @@ def select(entries: list[tuple[str, str]], limit: int) -> list[dict[str, str]]:
 
 
 def has_word(text: str, answer: str) -> bool:
-    """Whether answer is a whole word of text, by memctl's scoring rule (memctl.probes.is_correct): short
+    """Whether answer is a whole word of text, by memctl's scoring rule (memctl.core.probes.is_correct): short
     alphabetic answers (<= 3 letters) must match case exactly, everything else ignores case."""
     flags = 0 if len(answer) <= 3 and answer.isalpha() else re.IGNORECASE
     return re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", text, flags) is not None

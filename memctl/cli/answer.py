@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..errors import InputError, MemctlError
+from ..core.errors import InputError, MemctlError
 from .common import (
     AllowOpt,
     BankOpt,
@@ -48,8 +48,8 @@ def ask(
     """Answer with the memory blocks the prompt routes to (only those are read). A prompt unrelated
     to the bank (below its relevance floor) fetches none and, with --rag, retrieves nothing: the
     anchor answers alone."""
-    from ..privacy import parse_tags
-    from ..serve import ask as do_ask
+    from ..registry.access import parse_tags
+    from ..serve.session import ask as do_ask
 
     def go() -> Any:
         if no_memory and generic:
@@ -126,10 +126,10 @@ def chat(
     /route message|conversation, /compare (the last message in every mode), /quit. --json reads the
     same lines and writes one JSON object per line: a turn (reply, path, labels, blocks, timings),
     the settings after a / command, the turns of /compare, or {"error": ...}."""
-    from ..chat import Chat, ChatSettings
-    from ..placement import placement
-    from ..privacy import parse_tags
-    from ..serve import BankSession
+    from ..core.placement import placement
+    from ..registry.access import parse_tags
+    from ..serve.chat import Chat, ChatSettings
+    from ..serve.session import BankSession
 
     def open_chat() -> Chat:
         settings = ChatSettings(mode=mode, rag=rag, route_on=route_on, max_new_tokens=max_new_tokens).check()
@@ -157,7 +157,7 @@ def chat(
 def _plain_chat(c: Any) -> None:
     from dataclasses import replace
 
-    from ..chat import describe
+    from ..serve.chat import describe
 
     for raw in sys.stdin:
         line = raw.strip()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..errors import InputError
+from ..core.errors import InputError
 from .common import BankOpt, JsonOpt, app, print_json, run
 
 
@@ -15,7 +15,7 @@ def browse(bank: BankOpt, as_json: JsonOpt = False) -> None:
     privacy log), its tree, live search routed as `ask` routes it, and actions (block, unblock, ask a
     node's path, forget), each confirmed and written to the privacy log. `?` lists the keys.
     --json prints the overview as JSON instead."""
-    from ..browse import BankView, overview_json
+    from ..ops.browse import BankView, overview_json
 
     if as_json:
         print_json(json.loads(run(lambda: overview_json(bank))))  # NaN as null

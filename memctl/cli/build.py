@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..errors import InputError
+from ..core.errors import InputError
 from .common import (
     BankOpt,
     JsonOpt,
@@ -69,10 +69,10 @@ def ingest(
     as_json: JsonOpt = False,
 ) -> None:
     """Read documents, window, embed, cluster into a tree and register them in a bank."""
-    from ..bank import ingest as do_ingest
-    from ..config import allow_large_bank as large_ok
-    from ..config import check_seed, parse_int_list, parse_tree
-    from ..privacy import parse_tags
+    from ..build.ingest import ingest as do_ingest
+    from ..core.config import allow_large_bank as large_ok
+    from ..core.config import check_seed, parse_int_list, parse_tree
+    from ..registry.access import parse_tags
 
     def go() -> Any:
         tags = parse_tags(tag)
@@ -206,9 +206,9 @@ def train(
 ) -> None:
     """Train memory blocks on the frozen anchor; resumes an interrupted run. Under torchrun, units are
     shared out across the ranks (or groups of --dp ranks) and rank 0 records them."""
-    from ..distributed import World
-    from ..train import TrainEvent
-    from ..train import train as do_train
+    from ..train.distributed import World
+    from ..train.run import TrainEvent
+    from ..train.run import train as do_train
     from .scale import train_out_command, worker_summary
 
     overrides = {
@@ -354,7 +354,7 @@ def train(
 
 
 def _missing_blocks(bank: str) -> list[str]:
-    from ..bank import missing_files
+    from ..ops.info import missing_files
     from ..registry import Registry
 
     reg = Registry.open(bank)
@@ -373,8 +373,8 @@ def info(
     as_json: JsonOpt = False,
 ) -> None:
     """Tree, fetched and bank sizes, blocks per level, access, anchor and training state."""
-    from ..bank import info as do_info
-    from ..privacy import parse_tags
+    from ..ops.info import info as do_info
+    from ..registry.access import parse_tags
 
     d = run(lambda: do_info(bank, allow=parse_tags(allow) if allow is not None else None))
     if as_json:

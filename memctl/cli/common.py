@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from typer._click.exceptions import ClickException
 from typer.core import TyperGroup
 
-from ..errors import InputError, MemctlError
+from ..core.errors import InputError, MemctlError
 
 
 class UsageError(MemctlError):
@@ -208,9 +208,9 @@ def run(fn: Callable[[], T], no_wait: bool = False) -> T:
 
 def _run(fn: Callable[[], T], no_wait: bool = False) -> T:
     """Call into the library; turn errors into one clear line and an exit code. A writer that finds
-    the bank busy says so and waits, or fails at once with `no_wait` (memctl.lock)."""
-    from ..lock import policy
+    the bank busy says so and waits, or fails at once with `no_wait` (memctl.registry.lock)."""
     from ..registry import doctor_hint, opened
+    from ..registry.lock import policy
 
     try:
         with policy(wait=not no_wait, notify=_waiting):
@@ -290,7 +290,7 @@ class Rates:
 
 
 def coverage_line(cov: dict[str, Any]) -> str:
-    """One line on memctl.coverage: the share of the windows' content words trained prompts ask for."""
+    """One line on memctl.train.coverage: the share of the windows' content words trained prompts ask for."""
     if cov.get("objective") == "lm":
         return "coverage  n/a: objective lm learns every window next-token"
     kinds = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(cov.get("by_kind", {}).items()))

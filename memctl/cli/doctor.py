@@ -25,7 +25,7 @@ def doctor(
 ) -> None:
     """Check the registry, every block file against its checksum, orphan files, runs, checkpoints and
     leftovers of killed commands. Exit 0: healthy; 1: a problem remains."""
-    from ..doctor import doctor as do_doctor
+    from ..ops.doctor import doctor as do_doctor
 
     def go():  # noqa: ANN202
         with stage_progress(not as_json) as progress:

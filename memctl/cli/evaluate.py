@@ -9,8 +9,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ..errors import InputError
-from ..evalreport import ci, pct, write_report
+from ..core.errors import InputError
+from ..eval.report import ci, pct, write_report
 from .common import (
     BankOpt,
     DeviceOpt,
@@ -86,12 +86,13 @@ def eval_cmd(
 ) -> None:
     """Probe accuracy (95% Wilson intervals) of every setup, routing agreement, beam, blocked fractions,
     perplexity. Runs are stored in the bank: the same command resumes a stopped run."""
-    from ..config import check_seed
-    from ..evaluate import SETUPS, EvalOptions, run_eval
-    from ..placement import CPU, placement
-    from ..privacy import parse_tags
-    from ..probes import load_probes, sample_probes
-    from ..serve import BankSession
+    from ..core.config import check_seed
+    from ..core.placement import CPU, placement
+    from ..core.probes import load_probes, sample_probes
+    from ..eval.evaluate import run_eval
+    from ..eval.options import SETUPS, EvalOptions
+    from ..registry.access import parse_tags
+    from ..serve.session import BankSession
 
     if history:
         rows = run(lambda: _history(bank))
@@ -153,7 +154,7 @@ def eval_cmd(
 
 
 def _history(bank: str) -> list[dict[str, Any]]:
-    from ..evalruns import EvalRuns
+    from ..eval.runs import EvalRuns
     from ..registry import Registry
 
     reg = Registry.open(bank)

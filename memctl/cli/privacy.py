@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ..errors import InputError
+from ..core.errors import InputError
 from .common import (
     BankOpt,
     JsonOpt,
@@ -50,7 +50,7 @@ def audit(
     as_json: JsonOpt = False,
 ) -> None:
     """Provenance: the blocks a document trained, the documents behind a block, the privacy log."""
-    from ..privacy import audit_doc, audit_node, privacy_log
+    from ..privacy.controls import audit_doc, audit_node, privacy_log
 
     def go() -> Any:
         if sum([doc is not None, node is not None, log]) != 1:
@@ -118,8 +118,8 @@ def block(
 ) -> None:
     """Withhold blocks from every answer: a node, every block a document shaped, or the part of the
     bank that best matches a query. Blocked blocks are never read from disk."""
-    from ..lock import bank_lock
-    from ..privacy import set_blocked
+    from ..privacy.controls import set_blocked
+    from ..registry.lock import bank_lock
 
     def go() -> Any:
         with bank_lock(bank):
@@ -143,8 +143,8 @@ def unblock(
     as_json: JsonOpt = False,
 ) -> None:
     """Serve blocks again (same selectors as `block`, or --all)."""
-    from ..lock import bank_lock
-    from ..privacy import set_blocked
+    from ..privacy.controls import set_blocked
+    from ..registry.lock import bank_lock
 
     def go() -> Any:
         with bank_lock(bank):
@@ -193,9 +193,9 @@ def forget(
     as_json: JsonOpt = False,
 ) -> None:
     """Remove documents and their influence (exact retraining by default), then prove it."""
-    from ..forget import forget as do_forget
-    from ..forget import plan_forget
-    from ..probes import load_probes
+    from ..core.probes import load_probes
+    from ..privacy.forget import forget as do_forget
+    from ..privacy.forget import plan_forget
 
     plan = run(lambda: plan_forget(bank, doc or [], source or [], tag or [], mode))
     ps = run(lambda: load_probes(readable(probes, "--probes"))) if probes else None
@@ -287,7 +287,7 @@ def verify_forgotten(
 ) -> None:
     """Re-check that the bank holds no trace of these documents: not in the registry, no fragment of
     their text in any file of the bank, and no more memorised than unseen reference documents."""
-    from ..proof import verify_forgotten as do_verify
+    from ..privacy.proof import verify_forgotten as do_verify
 
     def go() -> Any:
         with stage_progress(not as_json) as progress:
@@ -336,9 +336,9 @@ def export_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Write a bank to one archive, whole or restricted to what some tags can reach."""
-    from ..lock import bank_lock
-    from ..privacy import parse_tags
-    from ..transfer import export_bank
+    from ..ops.transfer import export_bank
+    from ..registry.access import parse_tags
+    from ..registry.lock import bank_lock
 
     def go() -> Any:
         tags = parse_tags(allow) if allow is not None else None
@@ -369,8 +369,8 @@ def import_cmd(
     """Read a bank archive; everything is validated (schema, shapes, dtypes, checksums, anchor) first."""
     from contextlib import nullcontext
 
-    from ..lock import bank_lock
-    from ..transfer import import_bank
+    from ..ops.transfer import import_bank
+    from ..registry.lock import bank_lock
 
     def go() -> Any:
         with bank_lock(bank) if bank is not None else nullcontext():  # the new bank's name, when given

@@ -12,7 +12,7 @@ import typer
 from .common import BankOpt, JsonOpt, NoWaitOpt, app, err, out, print_json, run
 
 if TYPE_CHECKING:
-    from ..train import TrainResult
+    from ..train.run import TrainResult
 
 
 def train_out_command(
@@ -28,10 +28,10 @@ def train_out_command(
     dtype: str | None = None,
 ) -> None:
     """`memctl train --subtree I --out DIR` (or `--generic --out DIR`): one unit, the bank untouched."""
-    from ..distributed import World
-    from ..errors import InputError
-    from ..merge import train_out
-    from ..train import TrainEvent
+    from ..core.errors import InputError
+    from ..train.distributed import World
+    from ..train.merge import train_out
+    from ..train.run import TrainEvent
 
     def go() -> Any:
         if out_dir is None:
@@ -112,7 +112,7 @@ def merge(
 ) -> None:
     """Record units trained elsewhere (`train --out`) into the bank: all of them in one transaction, after
     checking anchor, tree, configuration, data and block checksums; nothing is recorded on any mismatch."""
-    from ..merge import merge as do_merge
+    from ..train.merge import merge as do_merge
 
     res = run(lambda: do_merge(bank, dirs), no_wait)
     if as_json:

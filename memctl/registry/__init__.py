@@ -2,6 +2,10 @@
 
 A bank is a directory under MEMCTL_HOME/banks/NAME holding registry.db, blocks/ and
 checkpoints/. The registry is the single source of truth between commands.
+
+Owns: the bank's directory and every file in it (the database, block files, checkpoint file names,
+private modes), its writer lock, and access tags.
+May import: memctl.core.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,33 +25,14 @@ import numpy as np
 import sqlite_utils
 import torch
 
-from ..config import BankConfig
-from ..errors import BankNotFound, BankStateError, InputError, IntegrityError
-from ..tree import Tree
+from ..core.config import BankConfig
+from ..core.errors import BankNotFound, BankStateError, IntegrityError
+from ..core.tree import Tree
 from .blockfile import read_block, write_block
+from .lock import bank_lock, pid_alive
 from .migrations import migrate
+from .paths import check_name, memctl_home, now
 from .private import private_dir, touch_private
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-def now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def memctl_home() -> Path:
-    return Path(os.environ.get("MEMCTL_HOME") or Path.home() / ".memctl").expanduser()
-
-
-def check_name(name: str) -> str:
-    """A bank name is one plain path component: no separator, no '..', no leading '.', not empty."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
-        raise InputError(
-            f"bad bank name {name!r}: use letters, digits, '_', '-' or '.', starting with a letter or digit, "
-            "without '..' (max 64)"
-        )
-    return name
-
 
 opened: ContextVar[str | None] = ContextVar("memctl_opened_bank", default=None)  # for the CLI's error hints
 TMP_FILE = re.compile(r"^\..+\.tmp(\d+)$")  # write_private's temp file: `.NAME.tmp<pid>`
@@ -250,8 +234,6 @@ class Registry:
         of another writer; a temp file of a live process is left alone all the same."""
         if not self.blocks_dir.is_dir():
             return []
-        from ..lock import pid_alive
-
         with self.lock():
             used = {self.path / r[0] for r in self.db.execute("select file from blocks where file is not null")}
             gone = []
@@ -269,11 +251,9 @@ class Registry:
         return self.path.name == self.name and self.path.parent.name == "banks"
 
     def lock(self, wait: bool | None = None) -> AbstractContextManager[bool]:
-        """The bank's writer lock (memctl.lock); nothing for a staging copy or a work snapshot."""
+        """The bank's writer lock (memctl.registry.lock); nothing for a staging copy or a work snapshot."""
         if not self.is_bank_dir:
             return nullcontext(False)
-        from ..lock import bank_lock
-
         return bank_lock(self.name, self.path.parent.parent, wait=wait)
 
     def vacuum(self) -> None:

@@ -20,8 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save as st_save
 
-from ..errors import IntegrityError
-from ..memory import PARTS
+from ..core.errors import IntegrityError
 from .private import private_dir, write_private
 
 SUFFIX = ".safetensors"
@@ -29,10 +28,11 @@ MAX_HEADER = 1 << 20  # a block's header is a few hundred bytes; anything bigger
 
 
 def write_block(directory: Path, stem: str, tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> tuple[Path, str]:
-    """Write to a temp file, fsync, rename to `stem.<sha16>.safetensors`. Returns (path, sha256).
+    """Write `tensors` (a block's parts, in the caller's order) to a temp file, fsync, rename to
+    `stem.<sha16>.safetensors`. Returns (path, sha256).
     The same tensors and metadata always give the same bytes (`canonical`), so the same training gives
     the same checksums."""
-    data = canonical(st_save({k: tensors[k].detach().contiguous().cpu() for k in PARTS}, metadata=meta))
+    data = canonical(st_save({k: t.detach().contiguous().cpu() for k, t in tensors.items()}, metadata=meta))
     sha = hashlib.sha256(data).hexdigest()
     private_dir(directory)
     path = directory / f"{stem}.{sha[:16]}{SUFFIX}"

@@ -163,17 +163,17 @@ def _m004_eval_runs(db: sqlite_utils.Database) -> None:
 
 def _m005_preserve(db: sqlite_utils.Database) -> None:
     """Text the anchor wrote on its own, with its own top-k next-token distributions: what memories
-    must leave unchanged (memctl.preserve). No corpus text, so nothing here belongs to a document."""
+    must leave unchanged (memctl.train.preserve). No corpus text, so nothing here belongs to a document."""
     db["preserve"].create({"id": int, "ids": bytes, "topk_idx": bytes, "topk_logp": bytes}, pk="id")
 
 
 def _m006_questions(db: sqlite_utils.Database) -> None:
-    """How many anchor-written questions each window was asked for (memctl.questions): 0 = none yet."""
+    """How many anchor-written questions each window was asked for (memctl.train.questions): 0 = none yet."""
     db["windows"].add_column("questioned", int, not_null_default=0)
 
 
 def _m007_study(db: sqlite_utils.Database) -> None:
-    """How many self-study continuations each window was asked for (memctl.study): 0 = none yet."""
+    """How many self-study continuations each window was asked for (memctl.train.study): 0 = none yet."""
     db["windows"].add_column("studied", int, not_null_default=0)
 
 

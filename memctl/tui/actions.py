@@ -1,5 +1,5 @@
 """The browser's actions: each behind a confirmation, run in a worker with the TaskBar's progress, and
-written to the privacy log by the library call its CLI command makes (memctl.browse.BankView)."""
+written to the privacy log by the library call its CLI command makes (memctl.ops.browse.BankView)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from textual import work
 from textual.app import App
 from textual.widgets import Static
 
-from ..browse import AskResult, BankView
-from ..errors import MemctlError
+from ..core.errors import MemctlError
+from ..ops.browse import AskResult, BankView
 from .widgets import AnswerScreen, AskScreen, ConfirmScreen, TaskBar, duration, fit
 
 Key = tuple[int, int]

@@ -1,4 +1,4 @@
-"""`memctl browse`: a bank owner's console, a Textual app over memctl.browse.
+"""`memctl browse`: a bank owner's console, a Textual app over memctl.ops.browse.
 
 First the overview (anchor, configuration, sizes, coverage, blocks per level, the last evaluation,
 the privacy log). `t` opens the tree: every node with its block's state and label; the selected
@@ -22,8 +22,8 @@ from textual.timer import Timer
 from textual.widgets import ContentSwitcher, DataTable, Footer, Header, Input, Static, Tree
 from textual.widgets.tree import TreeNode
 
-from ..browse import BankView, Hop, NodeInfo, RouteView
-from ..errors import MemctlError
+from ..core.errors import MemctlError
+from ..ops.browse import BankView, Hop, NodeInfo, RouteView
 from .actions import BrowseActions
 from .overview import Overview, human_bytes
 from .widgets import HelpScreen, PathView, TaskBar, fit

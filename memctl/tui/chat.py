@@ -1,4 +1,4 @@
-"""`memctl chat`: a Textual app over memctl.chat.
+"""`memctl chat`: a Textual app over memctl.serve.chat.
 
 Type a message and press Enter: the reply streams in, followed by the path that was fetched (with a
 label per node), what was retrieved, and how long routing, fetching and the first token took. Beside
@@ -19,9 +19,9 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Input, Static
 
-from ..browse import RouteView, route_view
-from ..chat import Chat, ChatSettings, Turn, describe
-from ..errors import MemctlError
+from ..core.errors import MemctlError
+from ..ops.browse import RouteView, route_view
+from ..serve.chat import Chat, ChatSettings, Turn, describe
 from .widgets import HelpScreen, PathView
 
 MODE_NAMES = {"fetched": "fetched memories", "generic": "generic memory", "none": "anchor alone"}

@@ -18,7 +18,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, ProgressBar, Static
 
-from ..browse import AskResult, RouteView
+from ..ops.browse import AskResult, RouteView
 from ..registry import block_id
 
 

@@ -1,0 +1,287 @@
+"""Training data: windows (next-token loss) and prompts (distillation) as samples, the seeded order of
+an epoch, collation and the losses."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..core.config import TrainConfig
+from ..model.anchor import Anchor
+from ..model.prefix import CACHE_BYTES, logits_at, prefix_states, suffix_matches
+from ..registry import Registry
+from .kinds import untrained_kinds
+from .units import GENERIC
+
+
+@dataclass
+class Sample:
+    key: str  # "w<id>" for a window, "p<id>" for a prompt: the prefix-cache key
+    doc_id: str
+    ids: list[int]
+    path: tuple[int, ...]
+    states: torch.Tensor | None = None  # cached input of the first memory layer, (T, d)
+    # distillation targets (None for a next-token sample)
+    n_prompt: int = 0  # positions n_prompt-1 .. len(ids)-2 predict the answer tokens
+    topk_idx: torch.Tensor | None = None  # (A, k) int64
+    topk_logp: torch.Tensor | None = None  # (A, k) float32
+    keep: bool = False  # a preservation sample: match the anchor alone at every position
+
+    @property
+    def kind(self) -> str:
+        return "lm" if self.topk_idx is None else "keep" if self.keep else "kd"
+
+
+def _path(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(","))
+
+
+def window_samples(reg: Registry, anchor: Anchor, unit: str) -> list[Sample]:
+    rows = reg.windows() if unit == GENERIC else reg.windows("l1 = ?", [int(unit)])
+    tok = anchor.tokenizer
+    out = []
+    for r in rows:
+        ids = tok(r["text"], add_special_tokens=False)["input_ids"]
+        if len(ids) >= 2:
+            out.append(Sample(f"w{r['id']}", r["doc_id"], ids, _path(r["path"])))
+    return out
+
+
+def _teacher(row: dict[str, Any], n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stored teacher's top-k at n_pos positions: (n_pos, k) int64 indices, float32 log-probabilities."""
+    idx = np.frombuffer(row["topk_idx"], dtype=np.int32).reshape(n_pos, -1).astype(np.int64)
+    logp = np.frombuffer(row["topk_logp"], dtype=np.float32).reshape(n_pos, -1).copy()
+    return torch.from_numpy(idx), torch.from_numpy(logp)
+
+
+def kd_loss(
+    model: Any,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    positions: torch.Tensor,
+    topk_idx: torch.Tensor,
+    topk_logp: torch.Tensor,
+    states: torch.Tensor | None = None,
+    start: int = 0,
+    split_head: bool = True,
+    tail: bool = False,
+) -> torch.Tensor:
+    """Cross-entropy of the student against the teacher's top-k (= KL up to the teacher's entropy).
+    positions (N, 2) = (row, t); topk_* (N, k), the teacher's true log-probabilities.
+
+    tail=False: against the renormalised top-k, which sharpens the student onto the teacher's
+    candidates (answers). tail=True: the top-k plus one bucket for all other tokens, with their mass
+    on both sides: the student matches the teacher's whole distribution, its spread included
+    (preservation: renormalising there would make every token outside the top-k less likely)."""
+    logits = logits_at(model, ids, mask, positions[:, 0], positions[:, 1], states, start, split_head)  # (N, V)
+    topk_idx, topk_logp = topk_idx.to(logits.device), topk_logp.to(logits.device)
+    logp_s = F.log_softmax(logits.float(), -1).gather(1, topk_idx)  # (N, k)
+    if not tail:
+        p_t = F.softmax(topk_logp, -1)
+        return -(p_t * logp_s).sum(-1).mean()
+    p_t = topk_logp.exp()
+    rest_t = (1.0 - p_t.sum(-1)).clamp_min(0.0)
+    rest_s = torch.log1p(-logp_s.exp().sum(-1).clamp(max=1.0 - 1e-6))
+    return (-(p_t * logp_s).sum(-1) - rest_t * rest_s).mean()
+
+
+def _left_out(questions: bool, study: bool) -> str:
+    """SQL condition on `p.kind` leaving out the kinds a run does not train on."""
+    return "".join(f" and p.kind != '{k}'" for k in untrained_kinds(questions, study))
+
+
+def prompt_samples(reg: Registry, unit: str, questions: bool = False, study: bool = False) -> list[Sample]:
+    """Trained (not held-out) prompts of a unit: on the prompt's own route when it lies in the unit,
+    and on its window's route when that lies in the unit and differs (both paths are trained).
+    Anchor-written questions (memctl.train.questions) only with `questions`, self-study continuations
+    (memctl.train.study) only with `study`."""
+    sql = (
+        "select p.id, p.doc_id, p.ids, p.n_prompt, p.topk_idx, p.topk_logp, p.path, w.path as wpath "
+        "from prompts p join windows w on w.id = p.window_id where p.held_out = 0 and p.topk_idx is not null"
+        + _left_out(questions, study)
+    )
+    out = []
+    for r in reg.db.query(sql + " order by p.id"):
+        ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
+        idx, logp = _teacher(r, len(ids) - r["n_prompt"] + 1)  # each answer token, and the one after
+        paths = (
+            [_path(r["path"])]
+            if unit == GENERIC
+            else [p for p in dict.fromkeys([_path(r["path"]), _path(r["wpath"])]) if p[0] == int(unit)]
+        )
+        for path in paths:
+            out.append(Sample(f"p{r['id']}", r["doc_id"], ids, path, None, r["n_prompt"], idx, logp))
+    return out
+
+
+def preserve_samples(
+    reg: Registry, unit: str, share: float, samples: list[Sample], seed: int, pool_size: int
+) -> list[Sample]:
+    """Pool sequences (memctl.train.preserve) worth `share` of the unit's training tokens, each on a path
+    drawn from the unit's own paths: every block of the unit learns to leave unrelated text alone.
+    Only the pool's first `pool_size` sequences are used (`train --preserve-pool`)."""
+    if share <= 0 or not samples:
+        return []
+    sql = "select id, ids, topk_idx, topk_logp from preserve where id < ? order by id"
+    pool = list(reg.db.query(sql, [pool_size]))
+    if not pool:
+        return []
+    tokens = sum(len(s.ids) for s in samples)
+    length = len(pool[0]["ids"]) // 4
+    n = max(1, math.ceil(share * tokens / length))
+    rng = np.random.default_rng(_unit_seed(seed, unit) + [7])
+    picks = rng.choice(len(pool), size=n, replace=n > len(pool))
+    paths = sorted({s.path for s in samples})
+    out = []
+    for i in picks.tolist():
+        r = pool[i]
+        ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
+        idx, logp = _teacher(r, len(ids))  # every position
+        path = paths[int(rng.integers(len(paths)))]
+        out.append(Sample(f"k{r['id']}", "", ids, path, None, 1, idx, logp, keep=True))
+    return out
+
+
+def load_samples(
+    reg: Registry, anchor: Anchor, unit: str, objective: str = "lm", questions: bool = False, study: bool = False
+) -> list[Sample]:
+    """The unit's samples for an objective: lm = windows, distill = prompts, mix = both. Under
+    distill, a window that yields no prompt (nothing salient to ask about) is learned next-token.
+    Preservation samples (preserve_samples) come on top."""
+    if objective == "lm":
+        return window_samples(reg, anchor, unit)
+    windows = window_samples(reg, anchor, unit)
+    if objective == "distill":
+        sql = "select distinct window_id from prompts p where 1 = 1" + _left_out(questions, study)
+        prompted = {f"w{r['window_id']}" for r in reg.db.query(sql)}
+        windows = [w for w in windows if w.key not in prompted]
+    return windows + prompt_samples(reg, unit, questions, study)
+
+
+def _unit_seed(seed: int, unit: str) -> list[int]:
+    return [seed, 1_000_000 if unit == GENERIC else int(unit)]
+
+
+def epoch_batches(samples: list[Sample], unit: str, k: int, tcfg: TrainConfig, epoch: int) -> list[list[int]]:
+    """Seeded order of one epoch. The generic memory sees each window with probability 1/(k+1)."""
+    rng = np.random.default_rng(_unit_seed(tcfg.seed, unit) + [epoch])
+    order = rng.permutation(len(samples))
+    if unit == GENERIC:
+        keep = rng.random(len(samples)) < 1.0 / (k + 1)
+        order = order[keep[order]]
+    # one kind per batch (preservation sequences are short: twice as many per step); length buckets:
+    # sort runs of 8 batches by length so little compute goes to padding; then shuffle the batches
+    batches: list[list[int]] = []
+    for kind in ("lm", "kd", "keep"):
+        bs = tcfg.batch_size * {"lm": 1, "kd": tcfg.prompt_batch_factor, "keep": 2}[kind]
+        mine = [i for i in order.tolist() if samples[i].kind == kind]
+        for s in range(0, len(mine), 8 * bs):
+            run = sorted(mine[s : s + 8 * bs], key=lambda i: len(samples[i].ids))
+            batches.extend(run[i : i + bs] for i in range(0, len(run), bs))
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def collate(batch: list[Sample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded (B, T) ids, attention mask, labels (-100 on padding). One window per row, so
+    attention and loss never cross documents."""
+    t = max(len(s.ids) for s in batch)
+    ids = torch.full((len(batch), t), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), t), dtype=torch.long)
+    for i, s in enumerate(batch):
+        ids[i, : len(s.ids)] = torch.tensor(s.ids)
+        mask[i, : len(s.ids)] = 1
+    labels = ids.masked_fill(mask == 0, -100)
+    return ids, mask, labels
+
+
+def kd_targets(batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(N, 2) (row, position) pairs that predict the answer tokens and the token after the answer,
+    and the teacher's (N, k) top-k there."""
+    pos, idx, logp = [], [], []
+    for row, s in enumerate(batch):
+        assert s.topk_idx is not None and s.topk_logp is not None
+        for j in range(s.topk_idx.shape[0]):
+            pos.append((row, s.n_prompt - 1 + j))
+        idx.append(s.topk_idx)
+        logp.append(s.topk_logp)
+    return torch.tensor(pos, dtype=torch.long), torch.cat(idx), torch.cat(logp)
+
+
+def loss_positions(batch: list[Sample]) -> int:
+    """How many positions `batch_loss` averages over: every next-token position of an `lm` window, the
+    answer positions of a prompt (`kd`, `keep`)."""
+    if batch[0].kind == "lm":
+        return sum(len(s.ids) - 1 for s in batch)
+    return sum(int(s.topk_idx.shape[0]) for s in batch if s.topk_idx is not None)
+
+
+def batch_loss(
+    model: Any,
+    batch: list[Sample],
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    labels: torch.Tensor,
+    states: torch.Tensor | None,
+    start: int,
+    split_head: bool,
+) -> torch.Tensor:
+    if batch[0].kind == "lm":  # "kd" and "keep" share the distillation loss
+        return lm_loss(model, ids, mask, labels, states, start, split_head)
+    pos, idx, logp = kd_targets(batch)
+    return kd_loss(model, ids, mask, pos, idx, logp, states, start, split_head, tail=batch[0].keep)
+
+
+def lm_loss(
+    model: Any,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    labels: torch.Tensor,
+    states: torch.Tensor | None = None,
+    start: int = 0,
+    split_head: bool = False,
+) -> torch.Tensor:
+    """Mean next-token cross-entropy over the labelled positions (see prefix.logits_at)."""
+    rows, cols = (labels[:, 1:] != -100).nonzero(as_tuple=True)  # position t predicts token t+1
+    logits = logits_at(model, ids, mask, rows, cols, states, start, split_head)  # (N, V)
+    return F.cross_entropy(logits.float(), labels[rows, cols + 1].to(logits.device))
+
+
+def build_prefix_cache(
+    anchor: Anchor, start: int, samples: list[Sample], progress: Callable[[int, int, int, float], None] | None = None
+) -> dict[str, torch.Tensor] | None:
+    """Inputs of the first memory layer (layer `start`) for every sample, computed once, by sample key.
+
+    None when memories start at layer 0, when the cache would pass CACHE_BYTES, or when this
+    architecture's suffix forward does not reproduce its full forward."""
+    unique = list({s.key: s for s in samples}.values())
+    if (
+        start == 0
+        or not unique
+        or sum(len(s.ids) for s in unique) * anchor.hidden * anchor.dtype.itemsize > CACHE_BYTES
+    ):
+        return None
+    unique.sort(key=lambda s: len(s.ids))  # little padding
+    pad = anchor.tokenizer.pad_token_id
+    ids, mask, _ = collate(unique[-2:], pad)
+    if not suffix_matches(anchor.model, ids, mask, start):
+        return None
+    cache: dict[str, torch.Tensor] = {}
+    t0, done_tokens, bs = time.perf_counter(), 0, 16
+    for i in range(0, len(unique), bs):
+        batch = unique[i : i + bs]
+        ids, mask, _ = collate(batch, pad)
+        h = prefix_states(anchor.model, ids, mask, start)  # (B, T, d)
+        for j, smp in enumerate(batch):
+            cache[smp.key] = h[j, : len(smp.ids)].clone()
+        done_tokens += int(mask.sum())
+        if progress:
+            el = time.perf_counter() - t0
+            progress(min(i + bs, len(unique)), len(unique), done_tokens, done_tokens / max(el, 1e-9))
+    return cache

@@ -1,0 +1,145 @@
+"""Training checkpoints: one file per unit, `checkpoints/unit-NAME.safetensors`, with no pickle.
+
+The unit's parameters and optimizer moments and step counts are tensors; everything else (step,
+tokens, losses, provenance, held-out scores, the training configuration, the placement) is JSON in
+the same file (memctl.train.packing). A checkpoint is written whole and private (temp file, fsync, rename,
+0600). The data order needs no saving: it follows from the seed. Checkpoints written by older
+memctl versions (`unit-NAME.pt`) were pickles: they are never loaded, only deleted by `--restart`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.errors import BankStateError
+from ..registry.private import write_private
+from .optim import BlockAdamW
+from .packing import PackError, pack, read_data, unpack
+
+FORMAT = "memctl-checkpoint/1"
+OPT_PARTS = ("m", "v", "steps")
+
+
+def damaged(path: Path, why: str) -> BankStateError:
+    return BankStateError(
+        f"checkpoint {path} is unreadable ({why}); pass --restart (`memctl train --restart`) to drop it and start over"
+    )
+
+
+@dataclass
+class TrainState:
+    """What `train_unit` needs to go on exactly where it stopped."""
+
+    params: list[torch.Tensor]  # UnitParams.flat(), on the CPU
+    opt: dict[str, list[torch.Tensor]]  # BlockAdamW.state_dict(): m, v, steps
+    step: int
+    tokens: int
+    losses: dict[str, list[float]]  # by batch kind
+    seen: dict[tuple[int, int], dict[str, int]]  # (level, node) -> doc -> tokens trained
+    scores: list[float]
+    heldout_loss: list[float]
+    unit: str
+    seconds: float
+    config: str  # TrainConfig as JSON
+    placement: str  # Placement.kind
+
+    def restore(self, params: list[torch.Tensor], opt: BlockAdamW, path: Path) -> None:
+        """Copy the saved parameters and optimizer state in place; refused unless every shape fits."""
+        mine = opt.state_dict()
+        pairs = list(zip(params, self.params, strict=False)) + [
+            (d, s) for k in OPT_PARTS for d, s in zip(mine[k], self.opt[k], strict=False)
+        ]
+        sizes_ok = len(self.params) == len(params) and all(len(self.opt[k]) == len(mine[k]) for k in OPT_PARTS)
+        if not sizes_ok or any(d.shape != s.shape for d, s in pairs):
+            raise damaged(path, "its tensors do not fit this unit's blocks")
+        with torch.no_grad():
+            for dst, src in zip(params, self.params, strict=True):
+                dst.copy_(src)
+        opt.load_state_dict(self.opt)
+
+
+def encode(state: TrainState) -> bytes:
+    tensors = {f"params.{i}": t for i, t in enumerate(state.params)}
+    tensors |= {f"opt.{k}.{i}": t for k in OPT_PARTS for i, t in enumerate(state.opt[k])}
+    data = {
+        "format": FORMAT,
+        "n_params": len(state.params),
+        "step": state.step,
+        "tokens": state.tokens,
+        "losses": state.losses,
+        "seen": [[level, node, docs] for (level, node), docs in state.seen.items()],  # in training order
+        "scores": state.scores,
+        "heldout_loss": state.heldout_loss,
+        "unit": state.unit,
+        "seconds": state.seconds,
+        "config": state.config,
+        "placement": state.placement,
+    }
+    return pack(tensors, data)
+
+
+def decode(buf: bytes, path: Path, unit: str | None = None) -> TrainState:
+    """The state in `buf` (read from `path`); a one-line BankStateError naming `path` when it is
+    damaged, not a checkpoint, or (with `unit`) another unit's."""
+    try:
+        tensors, data = unpack(buf)
+    except PackError as e:
+        raise damaged(path, str(e)) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise damaged(path, "not a memctl checkpoint")
+    try:
+        n = int(data["n_params"])
+        params = [tensors[f"params.{i}"] for i in range(n)]
+        opt = {k: [tensors[f"opt.{k}.{i}"] for i in range(n)] for k in OPT_PARTS}
+        state = TrainState(
+            params=params,
+            opt=opt,
+            step=int(data["step"]),
+            tokens=int(data["tokens"]),
+            losses={str(k): [float(x) for x in v] for k, v in data["losses"].items()},
+            seen={(int(lv), int(nd)): {str(d): int(t) for d, t in docs.items()} for lv, nd, docs in data["seen"]},
+            scores=[float(x) for x in data["scores"]],
+            heldout_loss=[float(x) for x in data["heldout_loss"]],
+            unit=str(data["unit"]),
+            seconds=float(data["seconds"]),
+            config=str(data["config"]),
+            placement=str(data["placement"]),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise damaged(path, f"malformed, {type(e).__name__}: {e}") from None
+    if len(tensors) != 4 * n:
+        raise damaged(path, "it holds tensors no checkpoint has")
+    if unit is not None and state.unit != unit:
+        raise damaged(path, f"it is unit {state.unit!r}'s, not {unit!r}'s")
+    return state
+
+
+def save_checkpoint(path: Path, state: TrainState) -> None:
+    write_private(path, encode(state))
+
+
+def read_checkpoint(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise damaged(path, e.strerror or type(e).__name__) from None
+
+
+def checkpoint_settings(path: Path) -> tuple[str, str]:
+    """(training configuration as JSON, placement kind) of a checkpoint, without reading its tensors."""
+    try:
+        data: Any = read_data(path)
+    except PackError as e:
+        raise damaged(path, str(e)) from None
+    except OSError as e:
+        raise damaged(path, e.strerror or type(e).__name__) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise damaged(path, "not a memctl checkpoint")
+    try:
+        return str(data["config"]), str(data["placement"])
+    except KeyError as e:
+        raise damaged(path, f"malformed: no {e}") from None

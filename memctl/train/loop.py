@@ -1,0 +1,373 @@
+"""Training one unit: the step loop (batches, losses, optimizer, checkpoints, early stopping), the
+anchor and prompts it needs, and the events it reports. memctl.train.run runs it for every unit of a
+bank in one process; memctl.train.distributed across ranks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..core.config import TrainConfig
+from ..core.errors import BankStateError, MemctlError
+from ..core.placement import CPU, Placement
+from ..model.anchor import Anchor, load_anchor
+from ..model.prefix import head_split_matches
+from ..registry import Registry, dumps
+from ..registry.checkpoints import checkpoint_path
+from .batches import (
+    batch_loss,
+    build_prefix_cache,
+    collate,
+    epoch_batches,
+    load_samples,
+    loss_positions,
+    preserve_samples,
+)
+from .checkpoint import TrainState, read_checkpoint, save_checkpoint
+from .checkpoint import decode as decode_checkpoint
+from .dataparallel import DataParallel
+from .distill import PrepareReport, generate_prompts, heldout_accuracy, heldout_loss, heldout_prompts, prepare
+from .optim import BlockAdamW, clip_grad_norm, lr_at
+from .preserve import prepare_pool
+from .records import TrainedUnit, UnitResult
+from .stopping import should_stop
+from .units import UnitParams, unit_of
+
+
+@dataclass
+class TrainEvent:
+    unit: str
+    unit_no: int
+    n_units: int
+    step: int
+    total_steps: int
+    epoch: int
+    loss: float
+    tokens: int  # tokens trained so far in this unit
+    tokens_per_s: float
+    heldout: float | None = None  # held-out prompt accuracy after the last finished epoch
+
+
+@dataclass
+class TrainResult:
+    bank: str
+    units: list[UnitResult] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    interrupted: bool = False
+    prepare: PrepareReport | None = None  # prompts and teacher cache (distill and mix)
+    rank: int = 0  # under torchrun: this process's rank, the number of ranks, the units it trained
+    world: int = 1
+    assigned: list[str] = field(default_factory=list)
+    dp: int = 1  # ranks that trained each unit together, and this rank's gradient reductions:
+    dp_steps: int = 0  # steps, bytes summed, and bytes had every block of the unit been summed
+    dp_bytes: int = 0
+    dp_dense_bytes: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(u.tokens for u in self.units)
+
+
+class TrainingInterrupted(MemctlError):
+    """Ctrl-C during training: the last step was checkpointed."""
+
+    exit_code = 130
+
+
+# ---- the loop ---------------------------------------------------------------------------------------
+@contextmanager
+def sigint_flag() -> Iterator[dict[str, bool]]:
+    flag = {"stop": False}
+    try:
+        previous = signal.signal(signal.SIGINT, lambda *_: flag.__setitem__("stop", True))
+    except ValueError:  # not the main thread (TUI worker): no handler
+        yield flag
+        return
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def train_unit(
+    reg: Registry,
+    anchor: Anchor,
+    handle: Any,
+    name: str,
+    tcfg: TrainConfig,
+    unit_no: int,
+    n_units: int,
+    progress: Callable[[TrainEvent], None] | None,
+    flag: dict[str, bool],
+    max_steps: int | None = None,
+    split_head: bool = False,
+    exclude: frozenset[str] = frozenset(),
+    checkpoints: bool = True,
+    dp: DataParallel | None = None,
+) -> TrainedUnit | None:
+    """Train one unit from its seeded initial state (or its checkpoint). Returns None when stopped
+    before the end (Ctrl-C or `max_steps`). Documents in `exclude` are left out as if never ingested
+    (exact forgetting); with `checkpoints=False` nothing is written to disk. With `dp`, this rank
+    trains the unit together with the other ranks of its group (memctl.train.dataparallel): each computes
+    its share of every batch, and the group's leader alone writes checkpoints and scores held-out prompts.
+
+    The unit's prefix cache is built from the unit's own samples, so its numbers never depend on
+    which other units are trained in the same run."""
+    cfg = reg.config
+    unit = unit_of(cfg, name)
+    samples = [
+        s
+        for s in load_samples(reg, anchor, name, tcfg.objective, tcfg.questions > 0, tcfg.study > 0)
+        if s.doc_id not in exclude
+    ]
+    samples += preserve_samples(reg, name, tcfg.preserve, samples, tcfg.seed, tcfg.preserve_pool)
+    params = UnitParams(cfg, unit, anchor.device)
+    if not samples:
+        return TrainedUnit(UnitResult(name, 0, 0, float("nan"), float("nan"), 0.0, 0), unit, params, {})
+    start = min(cfg.memory.layers)
+    prefix_cache = build_prefix_cache(anchor, start, samples, _prefix_progress(progress, n_units))
+    if prefix_cache is not None:
+        for smp in samples:
+            smp.states = prefix_cache.get(smp.key)
+    epochs = [epoch_batches(samples, name, cfg.tree.k, tcfg, e) for e in range(tcfg.epochs)]
+    total = sum(len(e) for e in epochs)
+    opt = BlockAdamW(params.flat(), lr=tcfg.lr, betas=tcfg.betas, eps=tcfg.eps, weight_decay=tcfg.weight_decay)
+    heldout = heldout_prompts(reg, name, exclude=exclude)
+    ckpt = checkpoint_path(reg.checkpoint_dir(), name)
+    step, tokens, seconds = 0, 0, 0.0
+    losses: dict[str, list[float]] = {}  # by batch kind (lm, kd, keep): their losses differ in scale
+    seen: dict[tuple[int, int], dict[str, int]] = {}  # (level, node) -> doc -> tokens trained
+    scores: list[float] = []  # held-out prompt accuracy after each epoch
+    held_losses: list[float] = []  # held-out distillation loss after each epoch (with a teacher cache)
+    lead = dp is None or dp.leader
+    found, error = None, None  # the checkpoint's bytes, or why they could not be read
+    if checkpoints and lead and ckpt.exists():
+        try:
+            found = read_checkpoint(ckpt)
+        except BankStateError as e:
+            error = str(e)
+    if dp is not None:  # bytes and a string: the group's other ranks unpickle no object of ours
+        found, error = dp.broadcast((found, error))
+    if error is not None:
+        raise BankStateError(error)
+    if found is not None:
+        state = decode_checkpoint(found, ckpt, name)
+        state.restore(params.flat(), opt, ckpt)
+        step, tokens, losses, seconds = state.step, state.tokens, state.losses, state.seconds
+        seen, scores, held_losses = state.seen, state.scores, state.heldout_loss
+    resumed_from = step
+    pad = anchor.tokenizer.pad_token_id
+    t_start = time.perf_counter() - seconds
+
+    def checkpoint() -> None:
+        state = TrainState(
+            params=[p.detach().to("cpu") for p in params.flat()],  # serialised at once: no copy on the CPU
+            opt={k: [t.cpu() for t in v] for k, v in opt.state_dict().items()},
+            step=step,
+            tokens=tokens,
+            losses=losses,
+            seen=seen,
+            scores=scores,
+            heldout_loss=held_losses,
+            unit=name,
+            seconds=time.perf_counter() - t_start,
+            config=dumps(dataclasses.asdict(tcfg)),
+            placement=Placement(anchor.device, anchor.dtype).kind,
+        )
+        save_checkpoint(ckpt, state)
+
+    flat_batches = [(e, b) for e, bs in enumerate(epochs) for b in bs]
+    stopped_early = False
+    while step < total:
+        epoch, batch_idx = flat_batches[step]
+        batch = [samples[i] for i in batch_idx]
+        local = unit.local_index([s.path for s in batch])
+        touched = params.touched(local)
+        opt.lr = lr_at(step, total, tcfg.lr, tcfg.warmup, tcfg.min_lr_ratio)
+        mine = batch if dp is None else [samples[i] for i in dp.shard(batch_idx)]
+        loss_value = 0.0
+        if mine:
+            loss = _loss(anchor, handle, unit, params, mine, pad, start, split_head)
+            if dp is not None:  # this rank's share of the batch's mean: the group's sum is the mean
+                loss = loss * (loss_positions(mine) / loss_positions(batch))
+            loss.backward()
+            loss_value = float(loss.detach())
+        stop_now = flag["stop"]
+        if dp is not None:
+            loss_value, stops = dp.reduce(params.flat(), touched, [loss_value, float(stop_now)])
+            stop_now = stops > 0
+            flag["stop"] = flag["stop"] or stop_now  # one rank's Ctrl-C stops its whole group
+        clip_grad_norm(params.flat(), tcfg.grad_clip)
+        opt.step(touched)
+        opt.zero_grad()
+        step += 1
+        tokens += sum(len(s.ids) for s in batch)
+        losses.setdefault(batch[0].kind, []).append(loss_value)
+        for smp in batch:
+            if smp.keep:  # the anchor's own text: no document shaped the block through it
+                continue
+            for level, _first, _n in unit.levels:
+                d = seen.setdefault((level, 0 if level == 0 else smp.path[level - 1]), {})
+                d[smp.doc_id] = d.get(smp.doc_id, 0) + len(smp.ids)
+        epoch_done = step == total or flat_batches[step][0] != epoch
+        if epoch_done and heldout:
+            score = (
+                (
+                    heldout_accuracy(anchor, handle, unit, params, heldout),
+                    heldout_loss(anchor, handle, unit, params, heldout),
+                )
+                if lead
+                else None
+            )
+            acc, held_loss = dp.broadcast(score) if dp is not None else score
+            scores.append(acc)
+            if held_loss is not None:
+                held_losses.append(held_loss)
+            stopped_early = step < total and should_stop(
+                scores, held_losses, len(heldout.prompts), tcfg.epochs, tcfg.patience
+            )
+        if progress:
+            el = time.perf_counter() - t_start
+            progress(
+                TrainEvent(
+                    name,
+                    unit_no,
+                    n_units,
+                    step,
+                    total,
+                    epoch,
+                    losses[batch[0].kind][-1],
+                    tokens,
+                    tokens / max(el, 1e-9),
+                    scores[-1] if scores else None,
+                )
+            )
+        stopping = stop_now or (max_steps is not None and step >= max_steps)
+        if checkpoints and lead and (step % tcfg.checkpoint_every == 0 or stopping) and not stopped_early:
+            checkpoint()
+        if stopping:
+            return None
+        if stopped_early:
+            break
+    seconds = time.perf_counter() - t_start
+    first, last = _ends({k: v for k, v in losses.items() if k != "keep"})
+    keep = _ends({"keep": losses.get("keep", [])})
+    res = UnitResult(name, step, tokens, first, last, seconds, resumed_from, scores, stopped_early, *keep, held_losses)
+    return TrainedUnit(res, unit, params, seen)
+
+
+def _loss(
+    anchor: Anchor,
+    handle: Any,
+    unit: Any,
+    params: UnitParams,
+    batch: list[Any],
+    pad: int,
+    start: int,
+    split_head: bool,
+) -> torch.Tensor:
+    """The batch's mean loss with each sample's own blocks fetched (from the cached prefix states
+    when memories start past layer 0)."""
+    ids, mask, labels = collate(batch, pad)
+    states = None
+    if start > 0 and batch[0].states is not None:
+        first = batch[0].states  # the cache's device and dtype (the anchor's)
+        states = torch.zeros(ids.shape[0], ids.shape[1], anchor.hidden, dtype=first.dtype, device=first.device)
+        for i, smp in enumerate(batch):
+            states[i, : len(smp.ids)] = smp.states
+    with handle.using(params.fetched(unit.local_index([s.path for s in batch]))):
+        return batch_loss(anchor.model, batch, ids, mask, labels, states, start, split_head)
+
+
+def _ends(losses: dict[str, list[float]]) -> tuple[float, float]:
+    """Mean of the first and of the last 5% of the losses of each batch kind, averaged over the kinds
+    (next-token and distillation losses differ in scale: first and last compare like with like)."""
+    ends = [
+        (float(np.mean(v[: max(1, len(v) // 20)])), float(np.mean(v[-max(1, len(v) // 20) :])))
+        for v in losses.values()
+        if v
+    ]
+    if not ends:
+        return float("nan"), float("nan")
+    return float(np.mean([f for f, _ in ends])), float(np.mean([la for _, la in ends]))
+
+
+INTERRUPTED = "training interrupted; checkpoint saved, run `memctl train` to resume"
+
+
+def load_bank_anchor(reg: Registry, home: Path, place: Placement = CPU) -> Anchor:
+    """The bank's anchor, refused when its file is not the one the bank was built on."""
+    anchor = load_anchor(reg.config.anchor, home, place)
+    if anchor.digest != reg.bank["anchor_sha256"]:
+        raise BankStateError(
+            f"the anchor at {anchor.path} is not the one bank {reg.name!r} was built on (sha256 differs)"
+        )
+    return anchor
+
+
+def prepare_training(
+    reg: Registry, anchor: Anchor, tcfg: TrainConfig, todo: list[str], progress: Callable[[TrainEvent], None] | None
+) -> tuple[PrepareReport | None, bool]:
+    """Prompts (and the teacher cache, for distill and mix) in the registry; whether the vocabulary
+    head may run on labelled positions only."""
+    stage = _stage_progress(progress, len(todo))
+    report = None
+    if tcfg.objective == "lm":  # prompts only to score held-out accuracy while training
+        generate_prompts(reg, stage)
+    else:
+        report = prepare(reg, anchor, stage, tcfg.questions, tcfg.study, todo)
+    if tcfg.preserve > 0:
+        prepare_pool(reg, anchor, stage, tcfg.preserve_pool)
+    split_head = head_split_ok(reg, anchor, todo, tcfg.objective)
+    _keep_freed_memory()
+    return report, split_head
+
+
+def head_split_ok(reg: Registry, anchor: Anchor, units: list[str], objective: str) -> bool:
+    """Whether the vocabulary head may run on labelled positions only (checked on two samples)."""
+    for u in units:
+        samples = load_samples(reg, anchor, u, objective)
+        if samples:
+            ids, mask, _ = collate(samples[:2], anchor.tokenizer.pad_token_id)
+            return head_split_matches(anchor.model, ids, mask)
+    return False
+
+
+def _keep_freed_memory() -> None:
+    """Let glibc reuse freed blocks instead of returning big buffers to the OS at every step
+    (each step allocates and frees the same few hundred MB; page faults otherwise cost ~20%)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: big buffers from the heap, not fresh mmaps
+        libc.mallopt(-1, 1 << 31)  # M_TRIM_THRESHOLD: keep freed heap for the next step
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
+
+
+def _prefix_progress(
+    progress: Callable[[TrainEvent], None] | None, n_units: int
+) -> Callable[[int, int, int, float], None] | None:
+    if progress is None:
+        return None
+    return lambda done, total, tokens, tps: progress(
+        TrainEvent("prefix", -1, n_units, done, total, 0, 0.0, tokens, tps)
+    )
+
+
+def _stage_progress(progress: Callable[[TrainEvent], None] | None, n_units: int) -> Callable[[str, int, int], None]:
+    def report(stage: str, done: int, total: int) -> None:
+        if progress:
+            progress(TrainEvent(stage, -1, n_units, done, total, 0, 0.0, 0, 0.0))
+
+    return report

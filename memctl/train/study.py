@@ -1,0 +1,276 @@
+"""Self-study: the open-book teacher writes the training text itself (Cartridges' recipe, routed).
+
+No rule about the corpus's style: for every window, a few seed questions name its subject (the
+document's title, or the window's opening words) in forms that suit any text ("Tell me about
+{S}.", "What is known about {S}?", ...). The teacher, the frozen anchor with the window in its context, samples
+continuations of each seed with temperature; at every sampled token its own top-k next-token
+distribution is kept. The student, the anchor with the memories of the seed's own route and no
+window, later matches those distributions on every token of the continuation (memctl.train.distill's
+`kd_loss`). Continuations are stored as prompts of kind `study` with their window and document,
+so `forget` removes them with the document.
+
+The teacher reads the window and a seed question in one user turn of its chat template, the way a
+user would ask it open book; the student reads the question alone. The window's KV cache is
+computed once and shared by all of its continuations, which are sampled as one batch: one forward
+pass per sampled token for the whole window.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..build.embed import get_embedder
+from ..build.routing import route_prompts
+from ..model.anchor import Anchor
+from ..model.prefix import on_model
+from ..registry import Registry
+from .kinds import STUDY
+
+TOPK = 16  # as memctl.train.distill.TOPK: the student's loss reads the same shape
+STUDY_TOKENS = 40  # tokens sampled per continuation
+# low: with the window in its context at 0.7, the 135M anchor drifted into invented biographies; at 0.3 it
+# stayed with the window's facts; the seeds, one question each, give the variety
+TEMPERATURE = 0.3
+END_OF_TURN = "<|im_end|>"
+MAX_SUBJECT_WORDS = 8
+# questions in the anchor's chat template: the teacher reads the window and the question in the user's
+# turn, the student the question alone. Anchors without a chat template continue raw seeds instead.
+CHAT_SEEDS = (
+    "Tell me about {S}.",
+    "What is known about {S}?",
+    "Describe {S} in detail.",
+    "What are the key facts about {S}?",
+    "Give a short profile of {S}.",
+    "Summarize everything about {S}, with dates, names and places.",
+)
+RAW_SEEDS = ("{S} is", "About {S}:", "{S}:")
+_LEAD = re.compile(r"^[\W_]*(.+?)(?:\s+(?:is|was|are|were|has|had)\b|[:(,;.\n|]|$)")
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class Seed:
+    text: str  # what the student reads (a chat seed in the chat template)
+    query: str  # what routes it: the seed as a user would type it
+    chat: bool  # asked in the chat template (the teacher reads the window in the same turn)
+
+
+def subject_of(title: str, text: str) -> str:
+    """What a window is about: its document's title, else the opening words of its first line."""
+    title = " ".join((title or "").split())
+    if title:
+        return title
+    m = _LEAD.match(text.strip())
+    words = (m.group(1) if m else text).split()[:MAX_SUBJECT_WORDS]
+    return " ".join(words).strip(" -*")
+
+
+def _chat(tokenizer: Any, content: str) -> str:
+    return str(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
+    )
+
+
+def seeds_for(tokenizer: Any, subject: str) -> list[Seed]:
+    """Seeds naming the subject: questions in the chat template, or raw seeds without one."""
+    if getattr(tokenizer, "chat_template", None):
+        return [Seed(_chat(tokenizer, q), q, True) for q in (s.format(S=subject) for s in CHAT_SEEDS)]
+    return [Seed(s.format(S=subject), s.format(S=subject), False) for s in RAW_SEEDS]
+
+
+def pick_seeds(seeds: Sequence[Seed], n: int) -> list[Seed]:
+    """`n` seeds in order, cycling through them when n is larger (a repeat samples again)."""
+    return [seeds[i % len(seeds)] for i in range(n)] if seeds else []
+
+
+def teacher_context(tokenizer: Any, window: str, seeds: Sequence[Seed], separator: str) -> tuple[str, list[str]]:
+    """What the open-book teacher reads before each continuation, as one prefix shared by all seeds (its
+    KV cache is computed once) and a suffix per seed. A chat seed: the window and the question in one user
+    turn. A raw seed: the window, `separator`, then the seed."""
+    if not seeds or not seeds[0].chat:
+        return window + separator, [s.text for s in seeds]
+    fulls = [_chat(tokenizer, f"{window}\n\n{s.query}") for s in seeds]
+    cut = fulls[0].index(window) + len(window)
+    prefix = fulls[0][:cut]
+    assert all(f.startswith(prefix) for f in fulls), "the chat template renders the window differently per seed"
+    return prefix, [f[cut:] for f in fulls]
+
+
+@dataclass
+class Continuation:
+    seed: Seed
+    ids: list[int]  # seed tokens + continuation tokens: the student's input
+    n_prompt: int  # how many of them are the seed
+    topk_idx: np.ndarray  # (m + 1, k) int32: the teacher's top-k at each continuation token and the one after
+    topk_logp: np.ndarray  # (m + 1, k) float32
+
+
+def _end_ids(tok: Any) -> list[int]:
+    ids = {tok.eos_token_id, tok.convert_tokens_to_ids(END_OF_TURN)}
+    return [t for t in ids if isinstance(t, int) and t >= 0]
+
+
+@torch.no_grad()
+def sample_continuations(
+    anchor: Anchor,
+    window: str,
+    separator: str,
+    seeds: Sequence[Seed],
+    generator: torch.Generator,
+    max_tokens: int = STUDY_TOKENS,
+    temperature: float = TEMPERATURE,
+) -> list[Continuation]:
+    """One continuation per seed, sampled as one batch on the window's shared KV cache.
+
+    The teacher reads `teacher_context`: a prefix holding the window, computed once, then each seed's
+    suffix. Suffixes are left-padded, with explicit positions, so every row continues right after
+    the prefix; a row stops at an end token (kept as the position after its last token) or after
+    `max_tokens`. The student's input is the seed's own text followed by the continuation."""
+    tok, model = anchor.tokenizer, anchor.model
+    prefix, suffixes = teacher_context(tok, window, seeds, separator)
+    w_ids = tok(prefix, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    (w,) = on_model(model, w_ids)
+    n_w = w.shape[1]
+    cache = model(input_ids=w, use_cache=True).past_key_values  # the window, once
+    s_ids = [tok(x, add_special_tokens=False)["input_ids"] for x in suffixes]
+    b, t = len(seeds), max(len(x) for x in s_ids)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    ids = torch.full((b, t), pad, dtype=torch.long)
+    mask = torch.zeros((b, n_w + t), dtype=torch.long)
+    mask[:, :n_w] = 1
+    pos = torch.zeros((b, t), dtype=torch.long)
+    for i, x in enumerate(s_ids):
+        ids[i, t - len(x) :] = torch.tensor(x)
+        mask[i, n_w + t - len(x) :] = 1
+        pos[i, t - len(x) :] = torch.arange(n_w, n_w + len(x))
+    c = copy.deepcopy(cache)
+    c.batch_repeat_interleave(b)
+    ends = torch.tensor(_end_ids(tok), dtype=torch.long)
+    banned = [i for i in tok.all_special_ids if i not in set(ends.tolist())]
+    next_pos = torch.tensor([n_w + len(x) for x in s_ids])
+    out_ids: list[list[int]] = [[] for _ in range(b)]
+    tops: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(b)]
+    done = torch.zeros(b, dtype=torch.bool)
+    step_ids, step_pos = ids, pos
+    for step in range(max_tokens + 1):
+        d_ids, d_mask, d_pos = on_model(model, step_ids, mask, step_pos)
+        out = model(input_ids=d_ids, attention_mask=d_mask, position_ids=d_pos, past_key_values=c, use_cache=True)
+        logits = out.logits[:, -1].float()  # (B, V)
+        logp = F.log_softmax(logits, -1).cpu()  # the teacher's own distribution (temperature 1)
+        top = logp.topk(TOPK, dim=-1)
+        for i in range(b):
+            if not done[i]:
+                tops[i].append((top.indices[i].to(torch.int32), top.values[i]))
+        if step == max_tokens or bool(done.all()):
+            break
+        scaled = logits.cpu() / temperature
+        if banned:
+            scaled[:, banned] = float("-inf")
+        nxt = torch.multinomial(F.softmax(scaled, -1), 1, generator=generator).squeeze(1)  # (B,)
+        for i in range(b):
+            if done[i]:
+                continue
+            if int(nxt[i]) in ends.tolist():
+                done[i] = True  # its last top-k row is the position that predicts the end
+            else:
+                out_ids[i].append(int(nxt[i]))
+        step_ids = nxt.unsqueeze(1)
+        step_pos = next_pos.unsqueeze(1).clone()
+        next_pos += 1
+        mask = torch.cat([mask, torch.ones((b, 1), dtype=torch.long)], dim=1)
+    made = []
+    for i, s in enumerate(seeds):
+        m = len(out_ids[i])
+        if m == 0:
+            continue
+        rows = tops[i][: m + 1]
+        student = tok(s.text, add_special_tokens=False)["input_ids"]
+        made.append(
+            Continuation(
+                s,
+                student + out_ids[i],
+                len(student),
+                torch.stack([r[0] for r in rows]).numpy(),
+                torch.stack([r[1] for r in rows]).numpy().astype(np.float32),
+            )
+        )
+    return made
+
+
+def add_study(
+    reg: Registry,
+    anchor: Anchor,
+    per_window: int,
+    separator: str,
+    progress: Progress | None = None,
+    l1s: Sequence[int] | None = None,
+) -> tuple[int, float]:
+    """Self-study continuations for every window that has fewer than `per_window` (its earlier ones
+    are replaced), each routed from its seed as a user would ask it; with `l1s`, only the windows of
+    those level-1 subtrees (the units being trained). Returns (how many, seconds)."""
+    if per_window <= 0:
+        return 0, 0.0
+    t0 = time.perf_counter()
+    only = f" and w.l1 in ({','.join(str(int(x)) for x in l1s)})" if l1s is not None else ""
+    rows = list(
+        reg.db.query(
+            "select w.id, w.doc_id, w.text, d.title from windows w join documents d on d.id = w.doc_id "
+            "where w.studied < ?" + only + " order by w.id",
+            [per_window],
+        )
+    )
+    if not rows:
+        return 0, 0.0
+    tok = anchor.tokenizer
+    embedder = get_embedder(reg.config.embedder)
+    tree = reg.load_tree()
+    seed_base = int(reg.config.seed)
+    total, tokens = 0, 0
+    for n, r in enumerate(rows):
+        seeds = pick_seeds(seeds_for(tok, subject_of(r["title"] or "", r["text"])), per_window)
+        gen = torch.Generator().manual_seed(seed_base * 1_000_003 + int(r["id"]))  # per window: resumable
+        conts = sample_continuations(anchor, r["text"], separator, seeds, gen)
+        made: list[dict[str, Any]] = []
+        for ct in conts:
+            made.append(
+                {
+                    "window_id": r["id"],
+                    "doc_id": r["doc_id"],
+                    "kind": STUDY,
+                    "text": ct.seed.text,
+                    "answer": tok.decode(ct.ids[ct.n_prompt :], skip_special_tokens=True).strip(),
+                    "held_out": 0,
+                    "ids": np.asarray(ct.ids, np.int32).tobytes(),
+                    "n_prompt": ct.n_prompt,
+                    "topk_idx": ct.topk_idx.astype(np.int32).tobytes(),
+                    "topk_logp": ct.topk_logp.astype(np.float32).tobytes(),
+                }
+            )
+            tokens += len(ct.ids) - ct.n_prompt
+        if made:
+            paths = route_prompts(
+                reg, embedder.encode([ct.seed.query for ct in conts]), [r["doc_id"]] * len(conts), tree
+            )
+            for m, path in zip(made, paths, strict=True):
+                m["path"] = ",".join(map(str, path))
+                m["l1"] = int(path[0])
+        with reg.db.atomic():  # one window at a time: an interrupted run resumes at the next window
+            reg.db.execute("delete from prompts where kind = ? and window_id = ?", [STUDY, r["id"]])
+            if made:
+                reg.db["prompts"].insert_all(made, batch_size=1000)
+            reg.db.execute("update windows set studied = ? where id = ?", [per_window, r["id"]])
+        total += len(made)
+        if progress:
+            progress("self-study", n + 1, len(rows))
+    return total, time.perf_counter() - t0
