@@ -186,7 +186,10 @@ def test_anchor_questions_are_answered_open_book_routed_alone_and_leave_with_the
     asked = ["When was this discovered?", "Who named it after a planet?"]
     monkeypatch.setattr(distill, "write_questions", lambda a, ts, n, seed, progress=None: [asked[:n] for _ in ts])
     monkeypatch.setattr(distill, "answer_questions", lambda a, w, qs, sep: ["in 1868" for _ in qs])
-    assert prepare(reg, anchor, questions=2).prompts_added == 2 * reg.count("windows")
+    in_0 = reg.db.execute("select count(*) from windows where l1 = 0").fetchone()[0]
+    assert 0 < in_0 < reg.count("windows")
+    assert prepare(reg, anchor, questions=2, units=["0"]).prompts_added == 2 * in_0  # the trained units' windows only
+    assert prepare(reg, anchor, questions=2).prompts_added == 2 * (reg.count("windows") - in_0)  # then the rest
     rows = list(
         reg.db.query(
             "select p.*, w.text as wtext from prompts p join windows w on w.id = p.window_id where kind = 'question'"

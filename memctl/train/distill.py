@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,14 +106,24 @@ def _answer_ids(tok: Any, answer: str, kind: str = "cloze", prompt: str = "") ->
     return tok(sep + answer, add_special_tokens=False)["input_ids"][:MAX_ANSWER_TOKENS]
 
 
-def add_questions(reg: Registry, anchor: Anchor, per_window: int, progress: Progress | None = None) -> int:
+def add_questions(
+    reg: Registry,
+    anchor: Anchor,
+    per_window: int,
+    progress: Progress | None = None,
+    l1s: Sequence[int] | None = None,
+) -> int:
     """Anchor-written questions, with the open-book teacher's answers, for every window asked for fewer
-    than `per_window` (its earlier questions are replaced). Each is routed from the question alone,
-    as a user's question will be, and kept in training (never held out: its answer is free text).
-    Returns how many were added."""
+    than `per_window` (its earlier questions are replaced); with `l1s`, only the windows of those
+    level-1 subtrees (the units being trained). Each is routed from the question alone to the nearest
+    window of its own document (memctl.build.routing.route_prompts), and kept in training (never held
+    out: its answer is free text). Returns how many were added."""
     if per_window <= 0:
         return 0
-    rows = list(reg.db.query("select id, doc_id, text from windows where questioned < ? order by id", [per_window]))
+    only = f" and l1 in ({','.join(str(int(x)) for x in l1s)})" if l1s is not None else ""
+    rows = list(
+        reg.db.query(f"select id, doc_id, text from windows where questioned < ?{only} order by id", [per_window])
+    )
     if not rows:
         return 0
     asked = write_questions(anchor, [r["text"] for r in rows], per_window, reg.config.seed, progress=progress)
@@ -225,12 +235,12 @@ def prepare(
     units: list[str] | None = None,
 ) -> PrepareReport:
     """Cloze prompts, anchor-written questions (`questions` per window) and self-study continuations
-    (`study` per window: for the windows of `units` only, when given without the generic memory),
+    (`study` per window; both for the windows of `units` only, when given without the generic memory),
     the teacher's cache for all of them, and the bank's coverage."""
 
     added = generate_prompts(reg, progress)
-    added += add_questions(reg, anchor, questions, progress)
     l1s = None if units is None or "generic" in units else [int(u) for u in units]
+    added += add_questions(reg, anchor, questions, progress, l1s)
     studied, study_seconds = add_study(reg, anchor, study, TEACHER_SEPARATOR, progress, l1s)
     seconds = cache_teacher(reg, anchor, progress)
     total = reg.count("prompts")
