@@ -209,8 +209,12 @@ def subtree_coverage(home: Path, bank: str, subtree: int, variant: str) -> dict[
 
     reg = Registry.open(bank, home)
     try:
-        study = "--study" in VARIANTS[variant] and VARIANTS[variant][VARIANTS[variant].index("--study") + 1] != "0"
-        return bank_coverage(reg, study=study, l1=subtree).to_dict()
+        opts = VARIANTS[variant]
+
+        def on(flag: str) -> bool:
+            return flag in opts and opts[opts.index(flag) + 1] != "0"
+
+        return bank_coverage(reg, questions=on("--questions"), study=on("--study"), l1=subtree).to_dict()
     finally:
         reg.close()
 
