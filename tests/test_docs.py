@@ -141,3 +141,30 @@ def test_readme_python_snippet_runs(home: Path, corpus: Path, tiny_anchor: Path)
     scope: dict[str, object] = {"anchor_dir": str(tiny_anchor), "__name__": "readme"}
     exec(compile(code, "README.md", "exec"), scope)  # noqa: S102  (our own README)
     assert scope["out"] is not None
+
+
+def test_every_dotted_memctl_name_in_the_docs_exists() -> None:
+    """`memctl.train.run.train`, `memctl.serve.session.BankSession`...: each resolves to a module or an
+    attribute of one (a module that moved leaves no stale name behind)."""
+    import importlib
+
+    wrong = []
+    for page in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:
+        text = page.read_text()
+        names = set(re.findall(r"memctl(?:\.[A-Za-z_]\w*)+", text))
+        for module, imported in re.findall(r"from (memctl[\w.]*) import ([\w, ]+)", text):  # code blocks
+            names.update(f"{module}.{n.strip()}" for n in imported.split(",") if n.strip())
+        for name in sorted(names):
+            parts = name.split(".")
+            for i in range(len(parts), 0, -1):  # the longest importable prefix, then attributes
+                try:
+                    obj = importlib.import_module(".".join(parts[:i]))
+                except ImportError:
+                    continue
+                try:
+                    for attr in parts[i:]:
+                        obj = getattr(obj, attr)
+                except AttributeError:
+                    wrong.append(f"{page.name}: {name}")
+                break
+    assert not wrong, "\n".join(wrong)
