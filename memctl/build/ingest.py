@@ -11,7 +11,6 @@ from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
-from ..model.anchor import Anchor, load_anchor, neuron_std, resolve_anchor
 from ..core.config import (
     BankConfig,
     MemoryConfig,
@@ -22,15 +21,16 @@ from ..core.config import (
     default_tree,
     parse_layers,
 )
-from .corpus import Document, iter_documents, read_documents
-from .embed import get_embedder
 from ..core.errors import BankStateError, InputError
-from .stream import TokenCounter, stream_ingest
-from ..registry.lock import bank_lock
+from ..model.anchor import Anchor, load_anchor, neuron_std, resolve_anchor
 from ..registry import Registry, block_id, memctl_home, now
 from ..registry.access import parse_tags
 from ..registry.checkpoints import drop_checkpoints
+from ..registry.lock import bank_lock
+from .corpus import Document, iter_documents, read_documents
+from .embed import get_embedder
 from .routing import DEFAULT_ROUTING, check_routing
+from .stream import TokenCounter, stream_ingest
 
 Progress = Callable[[str, int, int], None]
 # from_pretrained is not thread-safe (transformers patches torch globally while it builds a model): ingests

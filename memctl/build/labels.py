@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..registry import Registry
 from ..core.tree import Tree
+from ..registry import Registry
 
 LABEL_TITLES = 2  # titles per node label
 

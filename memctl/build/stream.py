@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 
 from ..core.config import BankConfig
-from .corpus import Counter, Document, Window, iter_windows, paragraphs
-from .embed import Embedder
 from ..core.errors import InputError
+from ..core.tree import Backend, Tree, build_tree, route
 from ..registry import Registry, now
 from ..registry.access import join_tags, parse_tags
-from ..core.tree import Backend, Tree, build_tree, route
+from .corpus import Counter, Document, Window, iter_windows, paragraphs
+from .embed import Embedder
 
 Progress = Callable[[str, int, int], None]
 CHUNK_WINDOWS = 4096  # windows embedded and written per chunk
