@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from ..core.errors import InputError
+from ..core.probes import PROBE_TOKENS
 from ..eval.report import ci, pct, write_report
 from .common import (
     BankOpt,
@@ -68,9 +69,9 @@ def eval_cmd(
         int,
         typer.Option(
             help="Greedy new tokens per probe answer; an answer counts when it appears in them "
-            "(default 8; question-form probes, answered in a sentence, want about 16)."
+            "(question-form probes, answered in a sentence, want about 16)."
         ),
-    ] = 8,
+    ] = PROBE_TOKENS,
     allow: Annotated[
         str | None,
         typer.Option(help="TAG,...: evaluate what these access tags may see (blocks and RAG windows)."),
