@@ -49,6 +49,7 @@ HELDOUT = ROOT / "examples/elements/heldout.jsonl"  # unrelated text: Python doc
 VARIANTS: dict[str, list[str]] = {
     "cloze": ["--study", "0"],
     "study2": ["--study", "2"],
+    "study2deep": ["--study", "2", "--match-hidden", "1"],  # deep context distillation (hidden states too)
     "study4": ["--study", "4"],
     "study8": ["--study", "8"],
     "questions4": ["--study", "0", "--questions", "4"],

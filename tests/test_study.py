@@ -92,6 +92,41 @@ def test_seeds_name_the_subject_in_raw_and_chat_form(tiny_anchor: Path, home: Pa
     assert len(picked) == 4 and len({s.text for s in picked}) == 4
 
 
+# SmolLM2-135M-Instruct's template: a default system prompt unless the first message is a system turn
+DEFAULT_SYSTEM_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+NO_SYSTEM_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_chat_seeds_leave_out_a_default_system_prompt_the_template_would_write(tiny_anchor: Path, home: Path) -> None:
+    tok = load_anchor(str(tiny_anchor), home).tokenizer
+    tok.chat_template = DEFAULT_SYSTEM_TEMPLATE
+    (seed,) = pick_seeds(seeds_for(tok, "Neon"), 1)
+    assert (
+        seed.text
+        == "<|im_start|>system\n<|im_end|>\n<|im_start|>user\nTell me about Neon.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    prefix, (suffix,) = teacher_context(tok, "Neon is a gas.", [seed], TEACHER_SEPARATOR)
+    assert "helpful" not in prefix + suffix and prefix.endswith("user\nNeon is a gas.")
+    tok.chat_template = NO_SYSTEM_TEMPLATE  # refuses a system turn: the user turn alone
+    (seed,) = pick_seeds(seeds_for(tok, "Neon"), 1)
+    assert seed.text == "<|im_start|>user\nTell me about Neon.<|im_end|>\n<|im_start|>assistant\n"
+    tok.chat_template = (  # writes no default: an empty system turn would only add tokens
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    (seed,) = pick_seeds(seeds_for(tok, "Neon"), 1)
+    assert seed.text == "<|im_start|>user\nTell me about Neon.<|im_end|>\n<|im_start|>assistant\n"
+
+
 def test_study_continuations_are_cached_with_provenance_and_leave_with_their_document(
     home: Path, corpus: Path, tiny_anchor: Path
 ) -> None:

@@ -169,6 +169,14 @@ def train(
             "window; default 0: off)."
         ),
     ] = None,
+    match_hidden: Annotated[
+        float | None,
+        typer.Option(
+            help="Deep context distillation: on self-study continuations the memories also match the "
+            "open-book teacher's hidden states at 3 memory layers, with this weight beside the logits' "
+            "(needs --study; the states are sampled with the continuations; default 0: off)."
+        ),
+    ] = None,
     subtree: Annotated[int | None, typer.Option(help="Train only this level-1 subtree (an isolated unit).")] = None,
     retrain: Annotated[bool, typer.Option(help="Retrain units that are already trained.")] = False,
     restart: Annotated[bool, typer.Option(help="Drop interrupted checkpoints and start over.")] = False,
@@ -222,6 +230,7 @@ def train(
         "preserve_pool": preserve_pool,
         "questions": questions,
         "study": study,
+        "match_hidden": match_hidden,
     }
     if out_dir is not None or generic:
         train_out_command(bank, out_dir, overrides, subtree, generic, restart, as_json, dp, device, dtype)

@@ -78,6 +78,7 @@ class MemoryConfig:
 
 MAX_QUESTIONS = 16
 MAX_STUDY = 32
+MAX_MATCH_HIDDEN = 100.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,9 @@ class TrainConfig:
     preserve_pool: int = 1024  # sequences the anchor writes for it, once per bank
     questions: int = 0  # questions per window written by the anchor (memctl.train.questions); 0: cloze prompts only
     study: int = 0  # self-study continuations per window sampled by the open-book teacher (memctl.train.study); 0: off
+    # weight of deep context distillation (Knowledge Modules, Caccia et al. 2025): on self-study continuations the
+    # student also matches the open-book teacher's hidden states at a few memory layers; 0: off (logits only)
+    match_hidden: float = 0.0
 
     def validate(self) -> None:
         if not 1 <= self.epochs <= MAX_EPOCHS:
@@ -122,6 +126,10 @@ class TrainConfig:
             raise InputError(f"--questions must be between 0 and {MAX_QUESTIONS}, got {self.questions}")
         if not 0 <= self.study <= MAX_STUDY:
             raise InputError(f"--study must be between 0 and {MAX_STUDY}, got {self.study}")
+        if not 0 <= self.match_hidden <= MAX_MATCH_HIDDEN:  # NaN fails too
+            raise InputError(f"--match-hidden must be between 0 and {MAX_MATCH_HIDDEN:g}, got {self.match_hidden}")
+        if self.match_hidden > 0 and self.study == 0:
+            raise InputError("--match-hidden needs --study N: it matches the teacher's hidden states on self-study")
         if self.objective not in ("lm", "distill", "mix"):
             raise InputError(f"--objective must be lm, distill or mix, got {self.objective!r}")
 

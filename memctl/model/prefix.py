@@ -13,7 +13,7 @@ checked against the model's own logits before use (a model may scale or soft-cap
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -47,6 +47,27 @@ def suffix_only(model: nn.Module, start: int) -> Iterator[None]:
 
 class _Stop(Exception):
     pass
+
+
+@contextmanager
+def layer_outputs(model: nn.Module, layers: Sequence[int]) -> Iterator[dict[int, torch.Tensor]]:
+    """While open, the output hidden states (B, T, d) of decoder layers `layers` at the latest forward
+    pass, by layer index (gradients flow through them; layers skipped by `suffix_only` still count
+    by their index in the whole model). No layers: an empty dict and no hooks."""
+    found: dict[int, torch.Tensor] = {}
+    all_layers = decoder_layers_any(model)
+    hooks = []
+    for i in layers:
+
+        def grab(_mod: nn.Module, _args: Any, out: Any, i: int = i) -> None:
+            found[i] = out[0] if isinstance(out, tuple) else out
+
+        hooks.append(all_layers[i].register_forward_hook(grab))
+    try:
+        yield found
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 def on_model(model: nn.Module, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

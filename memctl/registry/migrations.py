@@ -177,6 +177,12 @@ def _m007_study(db: sqlite_utils.Database) -> None:
     db["windows"].add_column("studied", int, not_null_default=0)
 
 
+def _m008_study_hidden(db: sqlite_utils.Database) -> None:
+    """The open-book teacher's hidden states at a few memory layers along a self-study continuation
+    (float16, (tokens + 1, layers, d)), for `train --match-hidden`; null for every other prompt."""
+    db["prompts"].add_column("hidden", bytes)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_prompts,
@@ -185,6 +191,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m005_preserve,
     _m006_questions,
     _m007_study,
+    _m008_study_hidden,
 ]
 
 

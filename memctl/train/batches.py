@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ..core.config import TrainConfig
 from ..model.anchor import Anchor
-from ..model.prefix import CACHE_BYTES, logits_at, prefix_states, suffix_matches
+from ..model.prefix import CACHE_BYTES, layer_outputs, logits_at, prefix_states, suffix_matches
 from ..registry import Registry
 from .kinds import untrained_kinds
 from .units import GENERIC
@@ -33,6 +33,7 @@ class Sample:
     topk_idx: torch.Tensor | None = None  # (A, k) int64
     topk_logp: torch.Tensor | None = None  # (A, k) float32
     keep: bool = False  # a preservation sample: match the anchor alone at every position
+    hidden: torch.Tensor | None = None  # (A, layers, d) float16: the teacher's hidden states (train --match-hidden)
 
     @property
     def kind(self) -> str:
@@ -97,27 +98,35 @@ def _left_out(questions: bool, study: bool) -> str:
     return "".join(f" and p.kind != '{k}'" for k in untrained_kinds(questions, study))
 
 
-def prompt_samples(reg: Registry, unit: str, questions: bool = False, study: bool = False) -> list[Sample]:
+def prompt_samples(
+    reg: Registry, unit: str, questions: bool = False, study: bool = False, hidden: bool = False
+) -> list[Sample]:
     """Trained (not held-out) prompts of a unit: on the prompt's own route when it lies in the unit,
     and on its window's route when that lies in the unit and differs (both paths are trained).
     Anchor-written questions (memctl.train.questions) only with `questions`, self-study continuations
-    (memctl.train.study) only with `study`."""
+    (memctl.train.study) only with `study`; with `hidden`, the teacher's hidden states where stored."""
     sql = (
-        "select p.id, p.doc_id, p.ids, p.n_prompt, p.topk_idx, p.topk_logp, p.path, w.path as wpath "
-        "from prompts p join windows w on w.id = p.window_id where p.held_out = 0 and p.topk_idx is not null"
+        "select p.id, p.doc_id, p.ids, p.n_prompt, p.topk_idx, p.topk_logp, p.path, w.path as wpath"
+        + (", p.hidden " if hidden else " ")
+        + "from prompts p join windows w on w.id = p.window_id where p.held_out = 0 and p.topk_idx is not null"
         + _left_out(questions, study)
     )
     out = []
     for r in reg.db.query(sql + " order by p.id"):
         ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
-        idx, logp = _teacher(r, len(ids) - r["n_prompt"] + 1)  # each answer token, and the one after
+        n_pos = len(ids) - r["n_prompt"] + 1  # each answer token, and the one after
+        idx, logp = _teacher(r, n_pos)
+        hid = None
+        if hidden and r["hidden"] is not None:
+            flat = np.frombuffer(r["hidden"], dtype=np.float16)
+            hid = torch.from_numpy(flat.reshape(n_pos, -1, reg.config.memory.hidden).copy())
         paths = (
             [_path(r["path"])]
             if unit == GENERIC
             else [p for p in dict.fromkeys([_path(r["path"]), _path(r["wpath"])]) if p[0] == int(unit)]
         )
         for path in paths:
-            out.append(Sample(f"p{r['id']}", r["doc_id"], ids, path, None, r["n_prompt"], idx, logp))
+            out.append(Sample(f"p{r['id']}", r["doc_id"], ids, path, None, r["n_prompt"], idx, logp, hidden=hid))
     return out
 
 
@@ -150,11 +159,18 @@ def preserve_samples(
 
 
 def load_samples(
-    reg: Registry, anchor: Anchor, unit: str, objective: str = "lm", questions: bool = False, study: bool = False
+    reg: Registry,
+    anchor: Anchor,
+    unit: str,
+    objective: str = "lm",
+    questions: bool = False,
+    study: bool = False,
+    hidden: bool = False,
 ) -> list[Sample]:
     """The unit's samples for an objective: lm = windows, distill = prompts, mix = both. Under
     distill, a window that yields no prompt (nothing salient to ask about) is learned next-token.
-    Preservation samples (preserve_samples) come on top."""
+    With `hidden`, self-study samples carry the teacher's hidden states. Preservation samples
+    (preserve_samples) come on top."""
     if objective == "lm":
         return window_samples(reg, anchor, unit)
     windows = window_samples(reg, anchor, unit)
@@ -162,7 +178,7 @@ def load_samples(
         sql = "select distinct window_id from prompts p where 1 = 1" + _left_out(questions, study)
         prompted = {f"w{r['window_id']}" for r in reg.db.query(sql)}
         windows = [w for w in windows if w.key not in prompted]
-    return windows + prompt_samples(reg, unit, questions, study)
+    return windows + prompt_samples(reg, unit, questions, study, hidden)
 
 
 def _unit_seed(seed: int, unit: str) -> list[int]:
@@ -231,11 +247,37 @@ def batch_loss(
     states: torch.Tensor | None,
     start: int,
     split_head: bool,
+    hidden_layers: Sequence[int] = (),
+    hidden_weight: float = 0.0,
 ) -> torch.Tensor:
+    """The batch's loss: next-token for windows, distillation for prompts; plus, with `hidden_weight`,
+    that weight times `hidden_loss` on the samples that carry the teacher's hidden states."""
     if batch[0].kind == "lm":  # "kd" and "keep" share the distillation loss
         return lm_loss(model, ids, mask, labels, states, start, split_head)
     pos, idx, logp = kd_targets(batch)
-    return kd_loss(model, ids, mask, pos, idx, logp, states, start, split_head, tail=batch[0].keep)
+    deep = hidden_weight > 0 and bool(hidden_layers) and any(s.hidden is not None for s in batch)
+    with layer_outputs(model, hidden_layers if deep else ()) as outs:
+        loss = kd_loss(model, ids, mask, pos, idx, logp, states, start, split_head, tail=batch[0].keep)
+    if deep:
+        loss = loss + hidden_weight * hidden_loss(batch, [outs[i] for i in hidden_layers])
+    return loss
+
+
+def hidden_loss(batch: list[Sample], outs: list[torch.Tensor]) -> torch.Tensor:
+    """Deep context distillation's hidden-state term (Caccia et al. 2025): at every position that
+    predicts a continuation token, the L1 distance between the student's and the teacher's output of
+    each matched layer, over the teacher's L1 norm; the mean over positions and layers of the samples
+    that carry the teacher's states. `outs` (B, T, d) per layer, in the samples' layer order."""
+    student, teacher = [], []
+    for row, s in enumerate(batch):
+        if s.hidden is None:
+            continue
+        cols = torch.arange(s.n_prompt - 1, s.n_prompt - 1 + s.hidden.shape[0], device=outs[0].device)
+        student.append(torch.stack([o[row, cols] for o in outs], 1))  # (A, layers, d)
+        teacher.append(s.hidden)
+    h_s = torch.cat(student).float()
+    h_t = torch.cat(teacher).to(h_s.device).float()
+    return ((h_s - h_t).abs().sum(-1) / h_t.abs().sum(-1).clamp_min(1e-6)).mean()
 
 
 def lm_loss(

@@ -233,15 +233,17 @@ def prepare(
     questions: int = 0,
     study: int = 0,
     units: list[str] | None = None,
+    study_hidden: bool = False,
 ) -> PrepareReport:
     """Cloze prompts, anchor-written questions (`questions` per window) and self-study continuations
-    (`study` per window; both for the windows of `units` only, when given without the generic memory),
-    the teacher's cache for all of them, and the bank's coverage."""
+    (`study` per window; both for the windows of `units` only, when given without the generic memory;
+    with `study_hidden`, the teacher's hidden states along them), the teacher's cache for all of them,
+    and the bank's coverage."""
 
     added = generate_prompts(reg, progress)
     l1s = None if units is None or "generic" in units else [int(u) for u in units]
     added += add_questions(reg, anchor, questions, progress, l1s)
-    studied, study_seconds = add_study(reg, anchor, study, TEACHER_SEPARATOR, progress, l1s)
+    studied, study_seconds = add_study(reg, anchor, study, TEACHER_SEPARATOR, progress, l1s, study_hidden)
     seconds = cache_teacher(reg, anchor, progress)
     total = reg.count("prompts")
     row = reg.db.execute(

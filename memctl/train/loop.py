@@ -42,6 +42,7 @@ from .optim import BlockAdamW, clip_grad_norm, lr_at
 from .preserve import prepare_pool
 from .records import TrainedUnit, UnitResult
 from .stopping import should_stop
+from .study import hidden_layers
 from .units import UnitParams, unit_of
 
 
@@ -128,7 +129,9 @@ def train_unit(
     unit = unit_of(cfg, name)
     samples = [
         s
-        for s in load_samples(reg, anchor, name, tcfg.objective, tcfg.questions > 0, tcfg.study > 0)
+        for s in load_samples(
+            reg, anchor, name, tcfg.objective, tcfg.questions > 0, tcfg.study > 0, tcfg.match_hidden > 0
+        )
         if s.doc_id not in exclude
     ]
     samples += preserve_samples(reg, name, tcfg.preserve, samples, tcfg.seed, tcfg.preserve_pool)
@@ -167,6 +170,7 @@ def train_unit(
         step, tokens, losses, seconds = state.step, state.tokens, state.losses, state.seconds
         seen, scores, held_losses = state.seen, state.scores, state.heldout_loss
     resumed_from = step
+    deep = (hidden_layers(cfg.memory.layers), tcfg.match_hidden)  # deep context distillation (study)
     pad = anchor.tokenizer.pad_token_id
     t_start = time.perf_counter() - seconds
 
@@ -198,7 +202,7 @@ def train_unit(
         mine = batch if dp is None else [samples[i] for i in dp.shard(batch_idx)]
         loss_value = 0.0
         if mine:
-            loss = _loss(anchor, handle, unit, params, mine, pad, start, split_head)
+            loss = _loss(anchor, handle, unit, params, mine, pad, start, split_head, deep)
             if dp is not None:  # this rank's share of the batch's mean: the group's sum is the mean
                 loss = loss * (loss_positions(mine) / loss_positions(batch))
             loss.backward()
@@ -276,9 +280,10 @@ def _loss(
     pad: int,
     start: int,
     split_head: bool,
+    deep: tuple[tuple[int, ...], float] = ((), 0.0),
 ) -> torch.Tensor:
     """The batch's mean loss with each sample's own blocks fetched (from the cached prefix states
-    when memories start past layer 0)."""
+    when memories start past layer 0); `deep` = (layers, weight) of the hidden-state term."""
     ids, mask, labels = collate(batch, pad)
     states = None
     if start > 0 and batch[0].states is not None:
@@ -287,7 +292,7 @@ def _loss(
         for i, smp in enumerate(batch):
             states[i, : len(smp.ids)] = smp.states
     with handle.using(params.fetched(unit.local_index([s.path for s in batch]))):
-        return batch_loss(anchor.model, batch, ids, mask, labels, states, start, split_head)
+        return batch_loss(anchor.model, batch, ids, mask, labels, states, start, split_head, *deep)
 
 
 def _ends(losses: dict[str, list[float]]) -> tuple[float, float]:
@@ -326,7 +331,7 @@ def prepare_training(
     if tcfg.objective == "lm":  # prompts only to score held-out accuracy while training
         generate_prompts(reg, stage)
     else:
-        report = prepare(reg, anchor, stage, tcfg.questions, tcfg.study, todo)
+        report = prepare(reg, anchor, stage, tcfg.questions, tcfg.study, todo, tcfg.match_hidden > 0)
     if tcfg.preserve > 0:
         prepare_pool(reg, anchor, stage, tcfg.preserve_pool)
     split_head = head_split_ok(reg, anchor, todo, tcfg.objective)

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from ..build.embed import get_embedder
 from ..build.routing import route_prompts
 from ..model.anchor import Anchor
-from ..model.prefix import on_model
+from ..model.prefix import layer_outputs, on_model
 from ..registry import Registry
 from .kinds import STUDY
 
@@ -53,6 +53,7 @@ CHAT_SEEDS = (
     "Summarize everything about {S}, with dates, names and places.",
 )
 RAW_SEEDS = ("{S} is", "About {S}:", "{S}:")
+HIDDEN_LAYERS = 3  # memory layers whose hidden states `train --match-hidden` matches
 _LEAD = re.compile(r"^[\W_]*(.+?)(?:\s+(?:is|was|are|were|has|had)\b|[:(,;.\n|]|$)")
 Progress = Callable[[str, int, int], None]
 
@@ -75,11 +76,21 @@ def subject_of(title: str, text: str) -> str:
 
 
 def _chat(tokenizer: Any, content: str) -> str:
-    return str(
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+    """One user turn in the chat template, without the template's default system prompt where it writes
+    one (SmolLM2's is 20 tokens, a quarter of a seed and its continuation): an empty system turn is
+    shorter, so each continuation trains that many fewer tokens. A template that refuses a system turn,
+    or writes one no shorter, renders the user turn alone."""
+    user = [{"role": "user", "content": content}]
+    plain = str(tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True))
+    try:
+        bare = str(
+            tokenizer.apply_chat_template(
+                [{"role": "system", "content": ""}, *user], tokenize=False, add_generation_prompt=True
+            )
         )
-    )
+    except Exception:  # jinja's TemplateError, or whatever a template raises for a role it does not take
+        return plain
+    return bare if len(bare) < len(plain) else plain
 
 
 def seeds_for(tokenizer: Any, subject: str) -> list[Seed]:
@@ -107,6 +118,15 @@ def teacher_context(tokenizer: Any, window: str, seeds: Sequence[Seed], separato
     return prefix, [f[cut:] for f in fulls]
 
 
+def hidden_layers(memory_layers: Sequence[int]) -> tuple[int, ...]:
+    """The layers whose outputs deep context distillation matches: HIDDEN_LAYERS of the memory layers,
+    evenly spaced and ending at the last (below the first memory layer the student cannot move anything)."""
+    layers = sorted(memory_layers)
+    n = min(HIDDEN_LAYERS, len(layers))
+    step = len(layers) / n
+    return tuple(sorted({layers[len(layers) - 1 - int(i * step)] for i in range(n)}))
+
+
 @dataclass
 class Continuation:
     seed: Seed
@@ -114,6 +134,7 @@ class Continuation:
     n_prompt: int  # how many of them are the seed
     topk_idx: np.ndarray  # (m + 1, k) int32: the teacher's top-k at each continuation token and the one after
     topk_logp: np.ndarray  # (m + 1, k) float32
+    hidden: np.ndarray | None = None  # (m + 1, layers, d) float16: the teacher's outputs of `layers` there
 
 
 def _end_ids(tok: Any) -> list[int]:
@@ -130,13 +151,15 @@ def sample_continuations(
     generator: torch.Generator,
     max_tokens: int = STUDY_TOKENS,
     temperature: float = TEMPERATURE,
+    layers: Sequence[int] = (),
 ) -> list[Continuation]:
     """One continuation per seed, sampled as one batch on the window's shared KV cache.
 
     The teacher reads `teacher_context`: a prefix holding the window, computed once, then each seed's
     suffix. Suffixes are left-padded, with explicit positions, so every row continues right after
     the prefix; a row stops at an end token (kept as the position after its last token) or after
-    `max_tokens`. The student's input is the seed's own text followed by the continuation."""
+    `max_tokens`. The student's input is the seed's own text followed by the continuation. With `layers`,
+    the outputs of those decoder layers are kept at the same positions as the top-k."""
     tok, model = anchor.tokenizer, anchor.model
     prefix, suffixes = teacher_context(tok, window, seeds, separator)
     w_ids = tok(prefix, add_special_tokens=False, return_tensors="pt")["input_ids"]
@@ -161,34 +184,39 @@ def sample_continuations(
     next_pos = torch.tensor([n_w + len(x) for x in s_ids])
     out_ids: list[list[int]] = [[] for _ in range(b)]
     tops: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(b)]
+    hids: list[list[torch.Tensor]] = [[] for _ in range(b)]
     done = torch.zeros(b, dtype=torch.bool)
     step_ids, step_pos = ids, pos
-    for step in range(max_tokens + 1):
-        d_ids, d_mask, d_pos = on_model(model, step_ids, mask, step_pos)
-        out = model(input_ids=d_ids, attention_mask=d_mask, position_ids=d_pos, past_key_values=c, use_cache=True)
-        logits = out.logits[:, -1].float()  # (B, V)
-        logp = F.log_softmax(logits, -1).cpu()  # the teacher's own distribution (temperature 1)
-        top = logp.topk(TOPK, dim=-1)
-        for i in range(b):
-            if not done[i]:
-                tops[i].append((top.indices[i].to(torch.int32), top.values[i]))
-        if step == max_tokens or bool(done.all()):
-            break
-        scaled = logits.cpu() / temperature
-        if banned:
-            scaled[:, banned] = float("-inf")
-        nxt = torch.multinomial(F.softmax(scaled, -1), 1, generator=generator).squeeze(1)  # (B,)
-        for i in range(b):
-            if done[i]:
-                continue
-            if int(nxt[i]) in ends.tolist():
-                done[i] = True  # its last top-k row is the position that predicts the end
-            else:
-                out_ids[i].append(int(nxt[i]))
-        step_ids = nxt.unsqueeze(1)
-        step_pos = next_pos.unsqueeze(1).clone()
-        next_pos += 1
-        mask = torch.cat([mask, torch.ones((b, 1), dtype=torch.long)], dim=1)
+    with layer_outputs(model, layers) as outs:
+        for step in range(max_tokens + 1):
+            d_ids, d_mask, d_pos = on_model(model, step_ids, mask, step_pos)
+            out = model(input_ids=d_ids, attention_mask=d_mask, position_ids=d_pos, past_key_values=c, use_cache=True)
+            logits = out.logits[:, -1].float()  # (B, V)
+            logp = F.log_softmax(logits, -1).cpu()  # the teacher's own distribution (temperature 1)
+            top = logp.topk(TOPK, dim=-1)
+            hid = torch.stack([outs.pop(layer)[:, -1] for layer in layers], 1).half().cpu() if layers else None
+            for i in range(b):
+                if not done[i]:
+                    tops[i].append((top.indices[i].to(torch.int32), top.values[i]))
+                    if hid is not None:
+                        hids[i].append(hid[i])
+            if step == max_tokens or bool(done.all()):
+                break
+            scaled = logits.cpu() / temperature
+            if banned:
+                scaled[:, banned] = float("-inf")
+            nxt = torch.multinomial(F.softmax(scaled, -1), 1, generator=generator).squeeze(1)  # (B,)
+            for i in range(b):
+                if done[i]:
+                    continue
+                if int(nxt[i]) in ends.tolist():
+                    done[i] = True  # its last top-k row is the position that predicts the end
+                else:
+                    out_ids[i].append(int(nxt[i]))
+            step_ids = nxt.unsqueeze(1)
+            step_pos = next_pos.unsqueeze(1).clone()
+            next_pos += 1
+            mask = torch.cat([mask, torch.ones((b, 1), dtype=torch.long)], dim=1)
     made = []
     for i, s in enumerate(seeds):
         m = len(out_ids[i])
@@ -203,6 +231,7 @@ def sample_continuations(
                 len(student),
                 torch.stack([r[0] for r in rows]).numpy(),
                 torch.stack([r[1] for r in rows]).numpy().astype(np.float32),
+                torch.stack(hids[i][: m + 1]).numpy() if layers else None,
             )
         )
     return made
@@ -215,21 +244,30 @@ def add_study(
     separator: str,
     progress: Progress | None = None,
     l1s: Sequence[int] | None = None,
+    hidden: bool = False,
 ) -> tuple[int, float]:
     """Self-study continuations for every window that has fewer than `per_window` (its earlier ones
     are replaced), each routed from its seed as a user would ask it; with `l1s`, only the windows of
-    those level-1 subtrees (the units being trained). Returns (how many, seconds)."""
+    those level-1 subtrees (the units being trained). With `hidden`, the teacher's hidden states at
+    `hidden_layers` are kept too, and windows studied without them are studied again.
+    Returns (how many, seconds)."""
     if per_window <= 0:
         return 0, 0.0
     t0 = time.perf_counter()
     only = f" and w.l1 in ({','.join(str(int(x)) for x in l1s)})" if l1s is not None else ""
+    redo = (
+        " or exists (select 1 from prompts p where p.window_id = w.id and p.kind = ? and p.hidden is null)"
+        if hidden
+        else ""
+    )
     rows = list(
         reg.db.query(
             "select w.id, w.doc_id, w.text, d.title from windows w join documents d on d.id = w.doc_id "
-            "where w.studied < ?" + only + " order by w.id",
-            [per_window],
+            f"where (w.studied < ?{redo})" + only + " order by w.id",
+            [per_window, STUDY] if hidden else [per_window],
         )
     )
+    layers = hidden_layers(reg.config.memory.layers) if hidden else ()
     if not rows:
         return 0, 0.0
     tok = anchor.tokenizer
@@ -240,7 +278,7 @@ def add_study(
     for n, r in enumerate(rows):
         seeds = pick_seeds(seeds_for(tok, subject_of(r["title"] or "", r["text"])), per_window)
         gen = torch.Generator().manual_seed(seed_base * 1_000_003 + int(r["id"]))  # per window: resumable
-        conts = sample_continuations(anchor, r["text"], separator, seeds, gen)
+        conts = sample_continuations(anchor, r["text"], separator, seeds, gen, layers=layers)
         made: list[dict[str, Any]] = []
         for ct in conts:
             made.append(
@@ -255,6 +293,7 @@ def add_study(
                     "n_prompt": ct.n_prompt,
                     "topk_idx": ct.topk_idx.astype(np.int32).tobytes(),
                     "topk_logp": ct.topk_logp.astype(np.float32).tobytes(),
+                    "hidden": ct.hidden.astype(np.float16).tobytes() if ct.hidden is not None else None,
                 }
             )
             tokens += len(ct.ids) - ct.n_prompt
