@@ -166,7 +166,7 @@ def train(
         typer.Option(
             help="Self-study continuations per window: the anchor, reading the window, writes them from seeds "
             "that name its subject, and the memories learn its every token (distill and mix; sampled once per "
-            "window; default 0: off)."
+            "window; default 2 for a new bank, a trained bank keeps its own; 0: off)."
         ),
     ] = None,
     match_hidden: Annotated[
@@ -347,6 +347,8 @@ def train(
         table.add_column(col, justify="right")
     for u in res.units:
         resumed = f" (resumed at {u.resumed_from})" if u.resumed_from else ""
+        if u.restarts:  # memctl.train.diverge
+            resumed += f" (loss diverged: restarted {u.restarts}x at a lower learning rate)"
         held = " ".join(f"{100 * h:.0f}" for h in u.heldout) + ("% (early stop)" if u.stopped_early else "%")
         table.add_row(
             u.unit,

@@ -100,7 +100,9 @@ class TrainConfig:
     preserve: float = 1.0  # share of a unit's tokens spent matching the anchor on its own text (memctl.train.preserve)
     preserve_pool: int = 1024  # sequences the anchor writes for it, once per bank
     questions: int = 0  # questions per window written by the anchor (memctl.train.questions); 0: cloze prompts only
-    study: int = 0  # self-study continuations per window sampled by the open-book teacher (memctl.train.study); 0: off
+    # self-study continuations per window sampled by the open-book teacher (memctl.train.study); 0: off. Two
+    # scored at least as well as cloze prompts alone on all three corpora of benchmarks/corpora.py (docs/corpora.md)
+    study: int = 2
     # weight of deep context distillation (Knowledge Modules, Caccia et al. 2025): on self-study continuations the
     # student also matches the open-book teacher's hidden states at a few memory layers; 0: off (logits only)
     match_hidden: float = 0.0
@@ -172,6 +174,11 @@ def train_config_from_json(text: str) -> TrainConfig:
     d = json.loads(text)
     d["betas"] = tuple(d["betas"])
     d.setdefault("preserve", 0.0)  # trained before preservation existed: without it
+    # trained before questions, self-study or deep distillation existed (or with them off by default): without
+    # them, so that retraining (forget, stale blocks) repeats how the bank was trained
+    d.setdefault("questions", 0)
+    d.setdefault("study", 0)
+    d.setdefault("match_hidden", 0.0)
     return TrainConfig(**d)
 
 

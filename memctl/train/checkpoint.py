@@ -46,6 +46,7 @@ class TrainState:
     seconds: float
     config: str  # TrainConfig as JSON
     placement: str  # Placement.kind
+    restarts: int = 0  # times the unit started over after its loss diverged (memctl.train.diverge)
 
     def restore(self, params: list[torch.Tensor], opt: BlockAdamW, path: Path) -> None:
         """Copy the saved parameters and optimizer state in place; refused unless every shape fits."""
@@ -78,6 +79,7 @@ def encode(state: TrainState) -> bytes:
         "seconds": state.seconds,
         "config": state.config,
         "placement": state.placement,
+        "restarts": state.restarts,
     }
     return pack(tensors, data)
 
@@ -108,6 +110,7 @@ def decode(buf: bytes, path: Path, unit: str | None = None) -> TrainState:
             seconds=float(data["seconds"]),
             config=str(data["config"]),
             placement=str(data["placement"]),
+            restarts=int(data.get("restarts", 0)),  # none in checkpoints written before restarts existed
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise damaged(path, f"malformed, {type(e).__name__}: {e}") from None

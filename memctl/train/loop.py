@@ -38,6 +38,7 @@ from .checkpoint import TrainState, read_checkpoint, save_checkpoint
 from .checkpoint import decode as decode_checkpoint
 from .dataparallel import DataParallel
 from .distill import PrepareReport, generate_prompts, heldout_accuracy, heldout_loss, heldout_prompts, prepare
+from .diverge import MAX_RESTARTS, diverged, kind_counts
 from .optim import BlockAdamW, clip_grad_norm, lr_at
 from .preserve import prepare_pool
 from .records import TrainedUnit, UnitResult
@@ -145,6 +146,8 @@ def train_unit(
             smp.states = prefix_cache.get(smp.key)
     epochs = [epoch_batches(samples, name, cfg.tree.k, tcfg, e) for e in range(tcfg.epochs)]
     total = sum(len(e) for e in epochs)
+    counts = kind_counts([[samples[b[0]].kind for b in bs] for bs in epochs])  # for memctl.train.diverge
+    restarts = 0
     opt = BlockAdamW(params.flat(), lr=tcfg.lr, betas=tcfg.betas, eps=tcfg.eps, weight_decay=tcfg.weight_decay)
     heldout = heldout_prompts(reg, name, exclude=exclude)
     ckpt = checkpoint_path(reg.checkpoint_dir(), name)
@@ -168,7 +171,7 @@ def train_unit(
         state = decode_checkpoint(found, ckpt, name)
         state.restore(params.flat(), opt, ckpt)
         step, tokens, losses, seconds = state.step, state.tokens, state.losses, state.seconds
-        seen, scores, held_losses = state.seen, state.scores, state.heldout_loss
+        seen, scores, held_losses, restarts = state.seen, state.scores, state.heldout_loss, state.restarts
     resumed_from = step
     deep = (hidden_layers(cfg.memory.layers), tcfg.match_hidden)  # deep context distillation (study)
     pad = anchor.tokenizer.pad_token_id
@@ -188,6 +191,7 @@ def train_unit(
             seconds=time.perf_counter() - t_start,
             config=dumps(dataclasses.asdict(tcfg)),
             placement=Placement(anchor.device, anchor.dtype).kind,
+            restarts=restarts,
         )
         save_checkpoint(ckpt, state)
 
@@ -198,7 +202,7 @@ def train_unit(
         batch = [samples[i] for i in batch_idx]
         local = unit.local_index([s.path for s in batch])
         touched = params.touched(local)
-        opt.lr = lr_at(step, total, tcfg.lr, tcfg.warmup, tcfg.min_lr_ratio)
+        opt.lr = lr_at(step, total, tcfg.lr * 0.5**restarts, tcfg.warmup, tcfg.min_lr_ratio)
         mine = batch if dp is None else [samples[i] for i in dp.shard(batch_idx)]
         loss_value = 0.0
         if mine:
@@ -241,6 +245,14 @@ def train_unit(
             stopped_early = step < total and should_stop(
                 scores, held_losses, len(heldout.prompts), tcfg.epochs, tcfg.patience
             )
+        if epoch_done and restarts < MAX_RESTARTS and diverged(losses, counts, epoch):
+            # start over from the seeded initial state with half the learning rate; the tokens already
+            # trained still count (they were spent), the provenance and scores are the new run's
+            restarts += 1
+            params = UnitParams(cfg, unit, anchor.device)
+            opt = BlockAdamW(params.flat(), lr=tcfg.lr, betas=tcfg.betas, eps=tcfg.eps, weight_decay=tcfg.weight_decay)
+            step, losses, seen, scores, held_losses, stopped_early = 0, {}, {}, [], [], False
+            continue
         if progress:
             el = time.perf_counter() - t_start
             progress(
@@ -267,7 +279,9 @@ def train_unit(
     seconds = time.perf_counter() - t_start
     first, last = _ends({k: v for k, v in losses.items() if k != "keep"})
     keep = _ends({"keep": losses.get("keep", [])})
-    res = UnitResult(name, step, tokens, first, last, seconds, resumed_from, scores, stopped_early, *keep, held_losses)
+    res = UnitResult(
+        name, step, tokens, first, last, seconds, resumed_from, scores, stopped_early, *keep, held_losses, restarts
+    )
     return TrainedUnit(res, unit, params, seen)
 
 

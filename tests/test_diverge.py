@@ -1,0 +1,82 @@
+"""A unit whose loss diverges starts over with half the learning rate, and resumes exactly."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import memctl.train.loop as loop
+from memctl.build.ingest import ingest
+from memctl.registry import Registry
+from memctl.train.checkpoint import TrainState, decode, encode
+from memctl.train.diverge import DIVERGED_RATIO, diverged, epoch_means, kind_counts
+from memctl.train.run import train
+
+
+def test_an_epoch_diverges_when_a_kind_doubles_its_best_mean_or_is_not_finite() -> None:
+    counts = kind_counts([["kd", "keep", "kd"], ["kd", "kd", "keep"], ["keep", "kd", "kd"]])
+    assert counts == [{"kd": 2, "keep": 1}] * 3
+    steady = {"kd": [2.0, 1.8, 1.6, 1.5, 1.4, 1.3], "keep": [1.6, 1.62, 1.65]}
+    assert epoch_means(steady, counts, 1) == {"kd": pytest.approx(1.55), "keep": pytest.approx(1.62)}
+    assert not any(diverged(steady, counts, e) for e in range(3))
+    climbed = {"kd": [2.0, 1.8, 1.6, 1.5, 3.4, 3.2], "keep": [1.6, 1.62, 1.65]}  # 3.3 > 2 x 1.55
+    assert 3.3 > DIVERGED_RATIO * 1.55 and diverged(climbed, counts, 2)
+    broke = {"kd": [2.0, 1.8, 1.6, 1.5, 1.4, 1.3], "keep": [1.6, 1.62, 5.2]}  # preservation too
+    assert diverged(broke, counts, 2)
+    assert diverged({"kd": [2.0, 1.8, math.nan, 1.5], "keep": [1.6, 1.6]}, counts, 1)
+    assert not diverged({"kd": [9.0, 9.0]}, counts, 0)  # nothing earlier to compare with
+
+
+def test_the_restart_count_travels_in_the_checkpoint() -> None:
+    state = TrainState([torch.zeros(2)], {"m": [torch.zeros(2)], "v": [torch.zeros(2)], "steps": [torch.zeros(1)]},
+                       3, 10, {}, {}, [], [], "0", 1.0, "{}", "cpu", restarts=2)  # fmt: skip
+    assert decode(encode(state), Path("x"), "0").restarts == 2
+
+
+def _blocks(reg: Registry) -> dict[str, dict[str, torch.Tensor]]:
+    return {r["id"]: reg.read_block(r) for r in reg.blocks("file is not null")}
+
+
+def test_a_diverged_unit_starts_over_at_half_the_learning_rate_and_resumes_exactly(
+    home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fired = {"done": False}
+
+    def once(losses: dict[str, list[float]], counts: Any, epoch: int) -> bool:
+        if epoch == 0 and not fired["done"]:
+            fired["done"] = True
+            return True
+        return False
+
+    monkeypatch.setattr(loop, "diverged", once)
+    cfg = {"epochs": 3, "batch_size": 2, "checkpoint_every": 1000, "lr": 1e-2, "preserve": 0.5, "study": 1}
+    banks = {}
+    for name in ("ref", "cut", "half"):
+        ingest(name, [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+        banks[name] = Registry.open(name, home)
+    ref = train("ref", cfg, subtree=0, home=home).units[0]
+    assert ref.restarts == 1
+    per_epoch = ref.steps // 3
+    assert per_epoch >= 2 and ref.tokens > 0
+    # killed after the restart, one step into the second start: the checkpoint says it restarted
+    fired["done"] = False
+    first = train("cut", cfg, subtree=0, home=home, max_steps=per_epoch + 1)
+    assert first.interrupted and fired["done"]
+    second = train("cut", home=home, subtree=0).units[0]
+    assert second.restarts == 1 and second.tokens == ref.tokens
+    # starting over is a fresh run at half the learning rate; the steps of the first start still count
+    fired["done"] = True
+    half = train("half", {**cfg, "lr": 5e-3}, subtree=0, home=home).units[0]
+    assert half.restarts == 0 and half.steps == ref.steps and ref.tokens > half.tokens
+    want = _blocks(banks["ref"])
+    assert want and len(want) >= 2
+    for name in ("cut", "half"):
+        got = _blocks(banks[name])
+        assert set(got) == set(want)
+        for bid in want:
+            for part in ("gate", "up", "down"):
+                assert torch.equal(got[bid][part], want[bid][part]), (name, bid, part)
