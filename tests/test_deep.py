@@ -122,7 +122,7 @@ def test_match_hidden_trains_restudies_without_states_and_forget_removes_them(
 ) -> None:
     ingest("m", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
     runner = CliRunner()
-    res = runner.invoke(app, ["train", "--bank", "m", "--match-hidden", "1"])  # without --study: refused
+    res = runner.invoke(app, ["train", "--bank", "m", "--study", "0", "--match-hidden", "1"])  # refused
     assert res.exit_code != 0 and "Traceback" not in res.output and res.output.strip().count("\n") == 0
     assert "--match-hidden needs --study" in res.output
     reg = Registry.open("m", home)

@@ -11,7 +11,9 @@ import torch
 from memctl.build.embed import MiniLMEmbedder
 from memctl.build.ingest import ingest
 from memctl.serve.session import BankSession
+from memctl.train.batches import collate, kd_loss, kd_targets, prompt_samples
 from memctl.train.run import train
+from memctl.train.units import GENERIC
 
 pytestmark = pytest.mark.real
 
@@ -47,7 +49,8 @@ def test_real_anchor_end_to_end(real_home: Path, tmp_path: Path, monkeypatch: py
     res = ingest("real", [docs], tree=(2, 1), ranks=(16,), memory_layers="last:4", home=real_home)
     assert res.windows_added == 6
     out = train("real", {"epochs": 4, "batch_size": 2, "lr": 1e-2, "preserve_pool": 16}, home=real_home)
-    assert out.units and all(u.loss_last < u.loss_first for u in out.units)
+    assert out.units and all(u.restarts == 0 for u in out.units)
+    assert out.prepare is not None and out.prepare.study_added > 0  # self-study is on by default
     assert all(np.isfinite(u.preserve_first) and np.isfinite(u.preserve_last) for u in out.units)
     with BankSession("real", real_home) as s:
         assert s.anchor.n_layers == 30 and s.anchor.hidden == 576
@@ -58,6 +61,17 @@ def test_real_anchor_end_to_end(real_home: Path, tmp_path: Path, monkeypatch: py
             with s.handle.using(s.fetch("fetched", s.route([prompt]), 1)):
                 mem = s.anchor.model(**ids).logits
         assert not torch.equal(base, mem)  # trained memories act
+        # and they moved the student toward the open-book teacher on its training prompts (cloze and self-study)
+        samples = prompt_samples(s.reg, GENERIC, study=True)
+        assert samples and any(len(x.ids) - x.n_prompt > 20 for x in samples)
+        ids2, mask2, _ = collate(samples, s.anchor.tokenizer.pad_token_id)
+        pos, idx, logp = kd_targets(samples)
+        paths = np.array([x.path for x in samples])
+        with torch.no_grad():
+            alone = kd_loss(s.anchor.model, ids2, mask2, pos, idx, logp)
+            with s.handle.using(s.fetch("fetched", paths, len(samples))):
+                fetched = kd_loss(s.anchor.model, ids2, mask2, pos, idx, logp)
+        assert float(fetched) < float(alone)
         ans = s.generate([prompt], mode="fetched", max_new_tokens=6)[0]
         assert ans.path is not None and len(ans.path) == 1 and ans.blocks == [f"1:{ans.path[0]}"]
         assert ans.text.strip()

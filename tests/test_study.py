@@ -221,7 +221,7 @@ def test_train_info_and_the_eval_report_show_coverage_and_flag_uncovered_windows
     (corpus / "plain" / "rivers.txt").write_text("Quiet rivers run slowly through green valleys and old forests.")
     ingest("c", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
     runner = CliRunner()
-    res = runner.invoke(app, ["train", "--bank", "c", "--epochs", "1", "--preserve", "0", "--json"])
+    res = runner.invoke(app, ["train", "--bank", "c", "--epochs", "1", "--preserve", "0", "--study", "0", "--json"])
     assert res.exit_code == 0, res.output
     cov = json.loads(res.output)["prepare"]["coverage"]
     assert 0 < cov["mean"] < 1 and cov["uncovered"] >= 1
