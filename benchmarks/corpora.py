@@ -12,7 +12,7 @@ Corpora (each built by its example script; none of their probes is written by me
 
 Each corpus is ingested once, with its cloze prompts, their teacher cache and the preservation pool
 (the parts every variant shares; their seconds are reported apart). For each variant (a set of
-`memctl train` options; "cloze" is self-study off, "study4" is `--study 4`, ...) a copy of that bank
+`memctl train` options; "cloze" is self-study off, "study2" is `--study 2`, memctl's default, ...) a copy of that bank
 is trained, then scored:
 anchor alone, open book (oracle-rag), fetched, rag and rag+fetched on the main probes, the same
 facts as questions, coverage, student tokens trained, wall time, and the perplexity of unrelated
@@ -24,7 +24,7 @@ windows lie in it: a quicker, noisier reading of the same comparison. Probes who
 outside the subtree meet untrained blocks and count as they come out, so the overall figure is a
 lower bound; each setup's accuracy on the probes routed into their document's leaf is kept too.
 
-    python benchmarks/corpora.py [--corpora elements,fictional,foldoc] [--variants cloze,study4]
+    python benchmarks/corpora.py [--corpora elements,fictional,foldoc] [--variants cloze,study2]
         [--subtree N] [--routing nearest|tree] [--entities 300] [--limit N] [--out demo-out/corpora] [--fresh]
 """
 
@@ -286,7 +286,7 @@ def table(rows: dict[str, dict[str, Any]]) -> Table:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpora", default="elements,fictional,foldoc")
-    ap.add_argument("--variants", default="cloze,study4", help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default="cloze,study2", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--subtree", type=int, default=None, help="train and score one level-1 subtree only")
     ap.add_argument("--entities", type=int, default=300, help="fictional corpus: invented entities")
     ap.add_argument("--limit", type=int, default=None, help="score a reproducible sample of N probes")
