@@ -2,7 +2,7 @@
 learning rate.
 
 At memctl's learning rate (1e-2, chosen for speed on a CPU) a unit's loss can climb away and stay
-there: measured once in six self-study runs of benchmarks/corpora.py (FOLDOC, `--study 2`), where the
+there: seen once in ten self-study runs of benchmarks/corpora.py (FOLDOC, `--study 2`), where the
 distillation loss rose from 1.7 to 6.7 within 40 steps of epoch 5 and the preservation loss from 1.6
 to 5.2, leaving blocks that answered nothing and made unrelated text 4.8x as perplexing. After each
 epoch the loop compares each batch kind's mean loss with that kind's best earlier epoch; a mean that
