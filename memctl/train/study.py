@@ -77,9 +77,9 @@ def subject_of(title: str, text: str) -> str:
 
 def _chat(tokenizer: Any, content: str) -> str:
     """One user turn in the chat template, without the template's default system prompt where it writes
-    one (SmolLM2's is 20 tokens, a quarter of a seed and its continuation): an empty system turn is
-    shorter, so each continuation trains that many fewer tokens. A template that refuses a system turn,
-    or writes one no shorter, renders the user turn alone."""
+    one: an empty system turn is shorter (SmolLM2's seeds go from 39 to 23 tokens, a fifth of a seed and
+    its continuation), so each continuation trains that many fewer tokens. A template that refuses a
+    system turn, or writes no default one, renders the user turn alone."""
     user = [{"role": "user", "content": content}]
     plain = str(tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True))
     try:
