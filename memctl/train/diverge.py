@@ -13,6 +13,7 @@ checkpoint needs to carry."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 DIVERGED_RATIO = 2.0  # an epoch's mean loss this many times the kind's best earlier epoch: diverged
@@ -21,13 +22,7 @@ MAX_RESTARTS = 2  # then the unit trains on as it is (the result records the res
 
 def kind_counts(schedule: Sequence[Sequence[str]]) -> list[dict[str, int]]:
     """Batches of each kind per epoch, from each epoch's batch kinds in training order."""
-    out = []
-    for kinds in schedule:
-        counts: dict[str, int] = {}
-        for k in kinds:
-            counts[k] = counts.get(k, 0) + 1
-        out.append(counts)
-    return out
+    return [dict(Counter(kinds)) for kinds in schedule]
 
 
 def epoch_means(losses: dict[str, list[float]], counts: Sequence[dict[str, int]], epoch: int) -> dict[str, float]:

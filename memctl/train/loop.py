@@ -148,7 +148,7 @@ def train_unit(
     total = sum(len(e) for e in epochs)
     counts = kind_counts([[samples[b[0]].kind for b in bs] for bs in epochs])  # for memctl.train.diverge
     restarts = 0
-    opt = BlockAdamW(params.flat(), lr=tcfg.lr, betas=tcfg.betas, eps=tcfg.eps, weight_decay=tcfg.weight_decay)
+    opt = _optimizer(params, tcfg)
     heldout = heldout_prompts(reg, name, exclude=exclude)
     ckpt = checkpoint_path(reg.checkpoint_dir(), name)
     step, tokens, seconds = 0, 0, 0.0
@@ -250,7 +250,7 @@ def train_unit(
             # trained still count (they were spent), the provenance and scores are the new run's
             restarts += 1
             params = UnitParams(cfg, unit, anchor.device)
-            opt = BlockAdamW(params.flat(), lr=tcfg.lr, betas=tcfg.betas, eps=tcfg.eps, weight_decay=tcfg.weight_decay)
+            opt = _optimizer(params, tcfg)
             step, losses, seen, scores, held_losses, stopped_early = 0, {}, {}, [], [], False
             continue
         if progress:
@@ -283,6 +283,11 @@ def train_unit(
         name, step, tokens, first, last, seconds, resumed_from, scores, stopped_early, *keep, held_losses, restarts
     )
     return TrainedUnit(res, unit, params, seen)
+
+
+def _optimizer(params: UnitParams, tcfg: TrainConfig) -> BlockAdamW:
+    """A fresh optimizer over the unit's blocks: at the start, and when a diverged unit starts over."""
+    return BlockAdamW(params.flat(), lr=tcfg.lr, betas=tcfg.betas, eps=tcfg.eps, weight_decay=tcfg.weight_decay)
 
 
 def _loss(
