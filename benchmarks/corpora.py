@@ -25,7 +25,8 @@ outside the subtree meet untrained blocks and count as they come out, so the ove
 lower bound; each setup's accuracy on the probes routed into their document's leaf is kept too.
 
     python benchmarks/corpora.py [--corpora elements,fictional,foldoc] [--variants cloze,study2]
-        [--subtree N] [--routing nearest|tree] [--entities 300] [--limit N] [--out demo-out/corpora] [--fresh]
+        [--subtree N] [--routing nearest|tree] [--memory-layers all|last:N]
+        [--entities 300] [--limit N] [--out demo-out/corpora] [--fresh]
 """
 
 from __future__ import annotations
@@ -102,7 +103,9 @@ def setups_of(out: str) -> dict[str, dict[str, Any]]:
     return {r["setup"]: {k: r[k] for k in keys} for r in d["setups"]}
 
 
-def prepare_base(corpus: str, data: Path, base: Path, log: Path, pool: int, routing: str) -> dict[str, float]:
+def prepare_base(
+    corpus: str, data: Path, base: Path, log: Path, pool: int, routing: str, layers: str
+) -> dict[str, float]:
     """A bank ingested once per corpus, with its cloze prompts, their teacher cache and the preservation
     pool: what every variant shares, made once (variants copy it). Returns seconds per step."""
     done = base / "base.json"
@@ -112,7 +115,7 @@ def prepare_base(corpus: str, data: Path, base: Path, log: Path, pool: int, rout
     env = dict(os.environ, MEMCTL_HOME=str(base))
     t0 = time.perf_counter()
     memctl(env, log, "ingest", str(data / CORPORA[corpus][1]), "--id-field", "id", "--bank", corpus,
-           "--memory-layers", "last:10", "--routing", routing)  # fmt: skip
+           "--memory-layers", layers, "--routing", routing)  # fmt: skip
     ingest_s = time.perf_counter() - t0
     from memctl.cli.common import Rates
     from memctl.registry import Registry
@@ -291,6 +294,9 @@ def main() -> None:
     ap.add_argument("--entities", type=int, default=300, help="fictional corpus: invented entities")
     ap.add_argument("--limit", type=int, default=None, help="score a reproducible sample of N probes")
     ap.add_argument("--routing", default="nearest", help="the banks' routing rule: nearest (memctl's default) or tree")
+    ap.add_argument(
+        "--memory-layers", default="all", help="the banks' memory layers (ingest --memory-layers; all is memctl's)"
+    )
     ap.add_argument("--train-args", default="", help="more `memctl train` options for every variant, quoted")
     ap.add_argument("--out", default=str(ROOT / "demo-out" / "corpora"))
     ap.add_argument("--fresh", action="store_true", help="drop earlier results under --out")
@@ -321,21 +327,24 @@ def main() -> None:
         extra = a.train_args.split()
         if "--preserve-pool" in extra:
             pool = int(extra[extra.index("--preserve-pool") + 1])
-        base = out / "homes" / f"{corpus}-{a.routing}-base-pool{pool}"
+        layers = "" if a.memory_layers == "last:10" else f"-layers{a.memory_layers.replace(':', '')}"
+        base = out / "homes" / f"{corpus}-{a.routing}-base-pool{pool}{layers}"
         for variant in variants:
             key = f"{corpus}/{variant}/{a.routing}" + (f"/subtree{a.subtree}" if a.subtree is not None else "")
             key += f" {a.train_args}" if a.train_args else ""
+            key += f" --memory-layers {a.memory_layers}" if layers else ""
             if key in rows:
                 console.print(f"{key}: scored before, kept")
                 continue
             console.rule(key)
             t0 = time.perf_counter()
             home = out / "homes" / key.replace("/", "-").replace(" ", "")
-            shared = prepare_base(corpus, data, base, log, pool, a.routing)
+            shared = prepare_base(corpus, data, base, log, pool, a.routing, a.memory_layers)
             rows[key] = score(corpus, variant, base, data, home, log, a.subtree, a.limit, a.train_args.split())
             rows[key]["seconds"].update({f"shared_{k}": v for k, v in shared.items()})
             rows[key]["seconds"]["total"] = time.perf_counter() - t0 + sum(shared.values())
             rows[key]["commit"] = commit()
+            rows[key]["memory_layers"] = a.memory_layers
             state_file.write_text(json.dumps(rows, indent=2))
             console.print(table({key: rows[key]}))
     console.print(table({k: v for k, v in rows.items() if k.split("/")[0] in corpora}))
