@@ -111,20 +111,20 @@ def test_chat_seeds_leave_out_a_default_system_prompt_the_template_would_write(t
     tok.chat_template = DEFAULT_SYSTEM_TEMPLATE
     (seed,) = pick_seeds(seeds_for(tok, "Neon"), 1)
     assert (
-        seed.text
-        == "<|im_start|>system\n<|im_end|>\n<|im_start|>user\nTell me about Neon.<|im_end|>\n<|im_start|>assistant\n"
+        seed.text == "<|im_start|>system\n<|im_end|>\n"
+        "<|im_start|>user\nWhat are the key facts about Neon?<|im_end|>\n<|im_start|>assistant\n"
     )
     prefix, (suffix,) = teacher_context(tok, "Neon is a gas.", [seed], TEACHER_SEPARATOR)
     assert "helpful" not in prefix + suffix and prefix.endswith("user\nNeon is a gas.")
     tok.chat_template = NO_SYSTEM_TEMPLATE  # refuses a system turn: the user turn alone
     (seed,) = pick_seeds(seeds_for(tok, "Neon"), 1)
-    assert seed.text == "<|im_start|>user\nTell me about Neon.<|im_end|>\n<|im_start|>assistant\n"
+    assert seed.text == "<|im_start|>user\nWhat are the key facts about Neon?<|im_end|>\n<|im_start|>assistant\n"
     tok.chat_template = (  # writes no default: an empty system turn would only add tokens
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     (seed,) = pick_seeds(seeds_for(tok, "Neon"), 1)
-    assert seed.text == "<|im_start|>user\nTell me about Neon.<|im_end|>\n<|im_start|>assistant\n"
+    assert seed.text == "<|im_start|>user\nWhat are the key facts about Neon?<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_study_continuations_are_cached_with_provenance_and_leave_with_their_document(

@@ -85,6 +85,26 @@ async def to_node(app_: BrowseApp, pilot: Pilot, key: tuple[int, int]) -> None:
     assert app_.selected == key
 
 
+def shaped_node(home: Path, doc_id: str) -> tuple[int, int]:
+    """A level-1 block the document shaped. Not the generic memory: it trains on a random share of the
+    prompts, so whether a document is listed there depends on the seeds."""
+    level1 = sorted(b["block"] for b in audit_doc("v", doc_id, home)["blocks"] if b["block"].startswith("1:"))[0]
+    level, index = (int(x) for x in level1.split(":"))
+    return level, index
+
+
+async def to_doc(app_: BrowseApp, pilot: Pilot, key: tuple[int, int], doc_id: str) -> None:
+    """Keyboard only: the node, then down its document table (bounded) to the document."""
+    await to_node(app_, pilot, key)
+    await pilot.press("tab")
+    table = app_.query_one("#docs", DataTable)
+    for _ in range(table.row_count):
+        if app_.selected_doc == doc_id:
+            break
+        await pilot.press("down")
+    assert app_.selected_doc == doc_id
+
+
 def test_overview_first_then_the_tree_and_help(home: Path, console: Registry) -> None:
     async def scenario(app_: BrowseApp, pilot: Pilot) -> None:
         switcher = app_.query_one(ContentSwitcher)
@@ -181,19 +201,10 @@ def test_block_and_unblock_a_node_with_confirmation(home: Path, console: Registr
 
 
 def test_block_and_unblock_a_document(home: Path, console: Registry) -> None:
-    # a level-1 block the document shaped (the generic memory trains on a random share of the prompts)
-    level1 = sorted(b["block"] for b in audit_doc("v", LONG_ID, home)["blocks"] if b["block"].startswith("1:"))[0]
-    node = tuple(int(x) for x in level1.split(":"))
+    node = shaped_node(home, LONG_ID)
 
     async def scenario(app_: BrowseApp, pilot: Pilot) -> None:
-        await to_node(app_, pilot, (node[0], node[1]))
-        await pilot.press("tab")
-        table = app_.query_one("#docs", DataTable)
-        for _ in range(table.row_count):
-            if app_.selected_doc == LONG_ID:
-                break
-            await pilot.press("down")
-        assert app_.selected_doc == LONG_ID
+        await to_doc(app_, pilot, node, LONG_ID)
         await pilot.press("d")
         assert isinstance(app_.screen, ConfirmScreen)
         await pilot.press("escape")
@@ -247,11 +258,10 @@ def test_forget_a_document_shows_its_cost_then_forgets(
 
     monkeypatch.setattr(TaskBar, "step", record)
 
+    node = shaped_node(home, LONG_ID)
+
     async def scenario(app_: BrowseApp, pilot: Pilot) -> None:
-        await to_node(app_, pilot, (0, 0))
-        await pilot.press("tab")
-        while app_.selected_doc != LONG_ID:
-            await pilot.press("down")
+        await to_doc(app_, pilot, node, LONG_ID)
         await pilot.press("f")
         assert isinstance(app_.screen, ConfirmScreen)
         body = Text.from_markup(app_.screen.body).plain

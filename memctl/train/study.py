@@ -1,10 +1,10 @@
 """Self-study: the open-book teacher writes the training text itself (Cartridges' recipe, routed).
 
 No rule about the corpus's style: for every window, a few seed questions name its subject (the
-document's title, or the window's opening words) in forms that suit any text ("Tell me about
-{S}.", "What is known about {S}?", ...). The teacher, the frozen anchor with the window in its context, samples
-continuations of each seed with temperature; at every sampled token its own top-k next-token
-distribution is kept. The student, the anchor with the memories of the seed's own route and no
+document's title, or the window's opening words) in forms that suit any text ("What are the key
+facts about {S}?", "Tell me about {S}.", ...). The teacher, the frozen anchor with the window in
+its context, samples continuations of each seed with temperature; at every sampled token its own
+top-k next-token distribution is kept. The student, the anchor with the memories of the seed's own route and no
 window, later matches those distributions on every token of the continuation (memctl.train.distill's
 `kd_loss`). Continuations are stored as prompts of kind `study` with their window and document,
 so `forget` removes them with the document.
@@ -44,13 +44,16 @@ END_OF_TURN = "<|im_end|>"
 MAX_SUBJECT_WORDS = 8
 # questions in the anchor's chat template: the teacher reads the window and the question in the user's
 # turn, the student the question alone. Anchors without a chat template continue raw seeds instead.
+# The first ones ask for facts: with them the 135M teacher writes denser continuations ("Rynith Growers is a
+# seed-breeding company founded by Nesisca Gormick in 1985") than after "Tell me about {S}." (which opened
+# more often with invented colour); `--study 2` takes the first two (docs/corpora.md)
 CHAT_SEEDS = (
+    "What are the key facts about {S}?",
+    "Summarize everything about {S}, with dates, names and places.",
     "Tell me about {S}.",
     "What is known about {S}?",
     "Describe {S} in detail.",
-    "What are the key facts about {S}?",
     "Give a short profile of {S}.",
-    "Summarize everything about {S}, with dates, names and places.",
 )
 RAW_SEEDS = ("{S} is", "About {S}:", "{S}:")
 HIDDEN_LAYERS = 3  # memory layers whose hidden states `train --match-hidden` matches
@@ -77,9 +80,9 @@ def subject_of(title: str, text: str) -> str:
 
 def _chat(tokenizer: Any, content: str) -> str:
     """One user turn in the chat template, without the template's default system prompt where it writes
-    one: an empty system turn is shorter (SmolLM2's seeds go from 39 to 23 tokens, a fifth of a seed and
-    its continuation), so each continuation trains that many fewer tokens. A template that refuses a
-    system turn, or writes no default one, renders the user turn alone."""
+    one: an empty system turn is shorter (16 tokens fewer per SmolLM2 seed, 39 to 23 for "Tell me about
+    {S}.", a fifth of that seed and its continuation), so each continuation trains that many fewer
+    tokens. A template that refuses a system turn, or writes no default one, renders the user turn alone."""
     user = [{"role": "user", "content": content}]
     plain = str(tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True))
     try:
