@@ -174,6 +174,45 @@ def test_search_opens_and_marks_the_routed_path(home: Path, console: Registry) -
     drive(home, scenario)
 
 
+def test_a_new_search_closes_what_the_last_one_opened_and_late_results_are_dropped(
+    home: Path, console: Registry
+) -> None:
+    """Typing opens the path of each pause's text: a new path closes the nodes the previous search opened
+    (not those the user opened), and a search that finishes after the text changed shows nothing."""
+    titles = [r["title"] for r in console.db.query("select title from documents order by id")]
+    with BankView("v", home) as view:
+        routes = {view.search(f"Tell me about {t}.").path[0]: f"Tell me about {t}." for t in titles}
+        assert len(routes) >= 2, "the console bank's documents should route under both level-1 nodes"
+        (first, text_a), (second, text_b) = sorted(routes.items())[:2]
+        stale = view.search(text_a)
+
+    async def live(app_: BrowseApp, pilot: Pilot, text: str) -> None:
+        app_.query_one("#search", Input).value = text
+        await pilot.pause(0.6)  # the live search's delay
+        await settle(app_, pilot)
+
+    async def scenario(app_: BrowseApp, pilot: Pilot) -> None:
+        await pilot.press("slash")
+        await live(app_, pilot, text_a)
+        assert app_.route is not None and app_.route.path[0] == first
+        assert app_._tnodes[(1, first)].is_expanded and not app_._tnodes[(1, second)].is_expanded
+        await live(app_, pilot, text_b)
+        assert app_.route is not None and app_.route.path[0] == second
+        assert app_._tnodes[(1, second)].is_expanded and not app_._tnodes[(1, first)].is_expanded
+        app_._searched(text_a, stale)  # an older search's result arriving late
+        await pilot.pause()
+        assert app_.route is not None and app_.route.text == text_b
+        assert not app_._tnodes[(1, first)].is_expanded
+        app_._tnodes[(1, first)].expand()  # the user opens it
+        await live(app_, pilot, text_b + " ")
+        assert app_._tnodes[(1, first)].is_expanded  # a search closes only what a search opened
+        await pilot.press("escape")  # clearing leaves the tree as it is
+        await pilot.pause()
+        assert app_.route is None and app_._tnodes[(1, first)].is_expanded and app_._tnodes[(1, second)].is_expanded
+
+    drive(home, scenario)
+
+
 def test_block_and_unblock_a_node_with_confirmation(home: Path, console: Registry) -> None:
     async def scenario(app_: BrowseApp, pilot: Pilot) -> None:
         await to_node(app_, pilot, (1, 1))

@@ -87,6 +87,8 @@ class BrowseApp(BrowseActions):
         self._tnodes: dict[Key, TreeNode[Key]] = {}
         self._loaded: set[Key] = set()
         self._marked: dict[Key, Hop] = {}
+        self._opened: set[Key] = set()  # nodes the last search opened (they were closed before it)
+        self._wanted: str | None = None  # the search whose result the tree should show; older ones are dropped
         self._timer: Timer | None = None
 
     def compose(self) -> ComposeResult:
@@ -155,7 +157,7 @@ class BrowseApp(BrowseActions):
         self._overview()
         self._build()
         if self.route is not None:
-            self.run_search(self.route.text)
+            self._search(self.route.text)
 
     def _overview(self) -> None:
         try:
@@ -170,6 +172,7 @@ class BrowseApp(BrowseActions):
         tree.clear()
         self._tnodes.clear()
         self._loaded.clear()
+        self._opened.clear()
         tree.root.expand()
         for child in self.view.children(0, 0):
             self._add(tree.root, child)
@@ -281,15 +284,20 @@ class BrowseApp(BrowseActions):
         if not text.strip():
             self.action_clear_search()
             return
-        self._timer = self.set_timer(SEARCH_DELAY, lambda: self.run_search(text))
+        self._wanted = text
+        self._timer = self.set_timer(SEARCH_DELAY, lambda: self._search(text))
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id != "search" or not event.value.strip():
             return
         if self._timer is not None:
             self._timer.stop()
-        self.run_search(event.value)
+        self._search(event.value)
         self.query_one("#tree", Tree).focus()
+
+    def _search(self, text: str) -> None:
+        self._wanted = text
+        self.run_search(text)
 
     @work(thread=True, exclusive=True, group="search")
     def run_search(self, text: str) -> None:
@@ -298,7 +306,13 @@ class BrowseApp(BrowseActions):
         except MemctlError as e:
             self.call_from_thread(self.notify, str(e), severity="error")
             return
-        self.call_from_thread(self.show_route, rv)
+        self.call_from_thread(self._searched, text, rv)
+
+    def _searched(self, text: str, rv: RouteView) -> None:
+        """A search's result, unless the text changed while it ran: a live search of a half-typed text
+        that finishes late must not open its path after the whole text's."""
+        if text == self._wanted:
+            self.show_route(rv)
 
     def show_route(self, rv: RouteView) -> None:
         self.route = rv
@@ -308,16 +322,26 @@ class BrowseApp(BrowseActions):
         self._mark(rv)
 
     def _mark(self, rv: RouteView | None) -> None:
-        """Mark the path's nodes (each with its similarity), open it, and put the cursor on its leaf."""
+        """Mark the path's nodes (each with its similarity), open it, and put the cursor on its leaf. Nodes
+        the previous search opened that this path does not pass close again (typing a query opens the path
+        of each pause's text); nodes the user opened stay open."""
         old = set(self._marked)
         self._marked = {(h.level, h.idx): h for h in rv.hops} if rv else {}
         for key in old | set(self._marked):
             self._relabel(key)
         if rv is None or not rv.hops:
+            self._opened.clear()  # clearing the search leaves the tree as it is, under the cursor
             return
+        path = {(h.level, h.idx) for h in rv.hops[:-1]}
+        for key in sorted(self._opened - path, reverse=True):  # deepest first
+            self._tnodes[key].collapse()
+        self._opened &= path
         for h in rv.hops[:-1]:
-            self._load((h.level, h.idx))
-            self._tnodes[(h.level, h.idx)].expand()
+            key = (h.level, h.idx)
+            self._load(key)
+            if not self._tnodes[key].is_expanded:
+                self._opened.add(key)
+                self._tnodes[key].expand()
         for key in self._marked:  # nodes just loaded carry their mark already; relabel the rest
             self._relabel(key)
         leaf = self._tnodes[(rv.hops[-1].level, rv.hops[-1].idx)]
@@ -325,6 +349,7 @@ class BrowseApp(BrowseActions):
         self.call_after_refresh(tree.move_cursor, leaf)
 
     def action_clear_search(self) -> None:
+        self._wanted = None
         if self.route is None and not self._marked:
             return
         self.route = None
