@@ -16,7 +16,8 @@ Each corpus is ingested once, with its cloze prompts, their teacher cache and th
 is trained, then scored:
 anchor alone, open book (oracle-rag), fetched, rag and rag+fetched on the main probes, the same
 facts as questions, coverage, student tokens trained, wall time, and the perplexity of unrelated
-documents (Python docstrings) with the relevance gate on. Results go to DIR/corpora.json as each
+documents (Python docstrings) with the relevance gate on, over the whole set and over the documents
+that met trained memories (gate passed; in a subtree run, routed into it). Results go to DIR/corpora.json as each
 row is scored; running again with the same --out keeps scored rows (--fresh starts over).
 
 --subtree N trains only level-1 subtree N of each bank and scores only the probes of documents whose
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -202,8 +204,21 @@ def score(
         "units": [{k: u.get(k) for k in ("unit", "steps", "tokens", "seconds")} for u in units],
         "corpus_tokens": corpus_tokens(home, corpus, subtree),
         "perplexity_vs_anchor": fetched_ppl.get("ratio_to_anchor"),
+        "perplexity_trained": trained_perplexity(ppl, subtree),
         "seconds": {"train": train_s, "eval": eval_s},
     }
+
+
+def trained_perplexity(ppl: dict[str, Any], subtree: int | None) -> dict[str, Any]:
+    """Fetched memories against the anchor on the unrelated documents that met trained memories: the
+    ones the gate let through and, in a subtree run, that routed into the trained subtree. The
+    whole-set ratio averages in the documents that fetched nothing or only untrained blocks, which
+    score as the anchor does, so a subtree run's whole-set figure understates a whole bank's."""
+    docs = [d for d in ppl.get("documents", []) if not d["gated"] and (subtree is None or d["route"][0] == subtree)]
+    docs = [d for d in docs if d["tokens"] and "fetched" in d["nll"]]
+    n = sum(d["tokens"] for d in docs)
+    excess = sum(d["nll"]["fetched"] - d["nll"]["anchor"] for d in docs)
+    return {"docs": len(docs), "of": ppl.get("docs"), "ratio": math.exp(excess / n) if n else None}
 
 
 def subtree_coverage(home: Path, bank: str, subtree: int, variant: str) -> dict[str, Any]:
@@ -256,7 +271,7 @@ def table(rows: dict[str, dict[str, Any]]) -> Table:
     t = Table(title="memories on corpora in distinct styles (accuracy; 'of OB' = share of the open-book ceiling)")
     cols = ["corpus", "variant", "probes", "anchor", "open book", "fetched", "of OB", "rag", "rag+fetched",
             "questions: anchor", "open book", "fetched", "of OB", "coverage", "tokens trained",
-            "per corpus token", "train s", "ppl vs anchor"]  # fmt: skip
+            "per corpus token", "train s", "ppl vs anchor", "ppl where trained"]  # fmt: skip
     for c in cols:
         t.add_column(c, justify="right")
     for r in rows.values():
@@ -282,8 +297,16 @@ def table(rows: dict[str, dict[str, Any]]) -> Table:
             f"{r['tokens_trained'] / max(1, r['corpus_tokens']):.1f}",
             f"{r['seconds']['train']:.0f}",
             f"{100 * (ppl - 1):+.1f}%" if ppl is not None else "-",
+            trained_cell(r.get("perplexity_trained")),
         )
     return t
+
+
+def trained_cell(t: dict[str, Any] | None) -> str:
+    """'+31.0% (7 of 27)': fetched memories on the unrelated documents that met trained blocks."""
+    if not t or t.get("ratio") is None:
+        return "-" if not t else f"none of {t.get('of')}"
+    return f"{100 * (t['ratio'] - 1):+.1f}% ({t['docs']} of {t['of']})"
 
 
 def main() -> None:

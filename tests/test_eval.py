@@ -253,6 +253,14 @@ def test_perplexity_routes_the_whole_document(home: Path, bank: Registry, tmp_pa
         assert rows["anchor"]["ratio_to_anchor"] == 1.0 and rows["anchor"]["tokens"] == rows["fetched"]["tokens"]
         assert rows["fetched"]["perplexity"] != rows["anchor"]["perplexity"]
         assert rows["fetched"]["worse_than_limit"] == (rows["fetched"]["ratio_to_anchor"] > 1.02)
+        # per document: its route, the gate's verdict, its tokens and loss per setup, summing to the rows
+        pp = res["perplexity"]
+        (d,) = pp["documents"]
+        assert d["route"] == [int(v) for v in whole] and d["tokens"] == rows["anchor"]["tokens"]
+        assert d["nll"]["fetched"] == pytest.approx(rows["fetched"]["nll_per_token"] * d["tokens"])
+        if not d["gated"]:  # one document that fetched: its ratio is the whole set's
+            assert pp["gated"] == 0 and rows["fetched"]["fetched_docs"] == 1
+            assert rows["fetched"]["ratio_on_fetched"] == pytest.approx(rows["fetched"]["ratio_to_anchor"])
 
 
 def test_stopped_runs_resume_and_equal_a_full_run(

@@ -5,6 +5,7 @@ test embedder."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from memctl.cli import app
 from memctl.core.relevance import NEAREST_SHARE, RELEVANCE_SHARE, calibrate, gate, leaf_similarity, unrelated
 from memctl.core.tree import Tree, route
 from memctl.eval import evaluate as ev
+from memctl.eval.report import gate_line
 from memctl.serve.chat import Chat, ChatSettings, describe
 from memctl.serve.session import BankSession
 from memctl.train.run import train
@@ -145,12 +147,40 @@ def test_eval_gates_unrelated_text_and_says_how_much(home: Path, bank: str, tmp_
         rows = {r["setup"]: r for r in res["perplexity"]["rows"]}
         assert rows["fetched"]["perplexity"] == rows["anchor"]["perplexity"] == rows["generic"]["perplexity"]
         assert any("relevance gate" in n and "1 of 1 perplexity documents" in n for n in res["notes"])
+        pp = res["perplexity"]
+        assert pp["gated"] == 1 and pp["documents"][0]["gated"] and rows["fetched"]["fetched_docs"] == 0
+        assert rows["fetched"]["ratio_on_fetched"] is None
+        assert gate_line(pp) == "the relevance gate left 1 of 1 documents to the anchor alone"
         assert res["params"]["relevance_floor"] == s.relevance_floor
     with BankSession(bank, home, min_relevance=0.0) as s:
         res = ev.run_eval(s, [], opts, perplexity=doc, store=False)
         rows = {r["setup"]: r for r in res["perplexity"]["rows"]}
         assert rows["fetched"]["perplexity"] != rows["anchor"]["perplexity"]
         assert not any("relevance gate" in n for n in res["notes"])
+        assert res["perplexity"]["gated"] == 0 and gate_line(res["perplexity"]) is None
+
+
+def test_eval_perplexity_reads_the_documents_that_fetched_apart(home: Path, bank: str, tmp_path: Path) -> None:
+    """A gated document scores exactly as the anchor, so it dilutes the whole-set ratio: the ratio over
+    the documents that fetched memories is reported apart, per document too."""
+    docs = tmp_path / "held"
+    docs.mkdir()
+    (docs / "a.txt").write_text(UNRELATED + ". " + UNRELATED.lower() + ".")
+    (docs / "b.txt").write_text(RELATED + " " + RELATED)
+    with BankSession(bank, home) as s:
+        res = ev.run_eval(s, [], ev.EvalOptions(("anchor", "generic", "fetched")), perplexity=docs, store=False)
+    pp = res["perplexity"]
+    rows = {r["setup"]: r for r in pp["rows"]}
+    off = next(d for d in pp["documents"] if d["gated"])
+    on = next(d for d in pp["documents"] if not d["gated"])
+    assert pp["gated"] == 1 and rows["fetched"]["fetched_docs"] == 1
+    assert off["nll"]["fetched"] == off["nll"]["generic"] == off["nll"]["anchor"]
+    alone = math.exp((on["nll"]["fetched"] - on["nll"]["anchor"]) / on["tokens"])
+    assert rows["fetched"]["ratio_on_fetched"] == pytest.approx(alone) and alone != 1.0
+    assert abs(math.log(rows["fetched"]["ratio_to_anchor"])) < abs(math.log(alone))  # diluted by the gated one
+    line = gate_line(pp)
+    assert line is not None and line.startswith("the relevance gate left 1 of 2 documents to the anchor alone")
+    assert f"fetched {100 * (alone - 1):+.1f}%" in line
 
 
 def test_eval_leaves_a_gated_probe_to_the_anchor_in_every_setup_but_the_diagnostic(home: Path, bank: str) -> None:

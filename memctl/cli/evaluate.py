@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ..core.errors import InputError
 from ..core.probes import PROBE_TOKENS
-from ..eval.report import ci, pct, write_report
+from ..eval.report import ci, gate_line, pct, write_report
 from .common import (
     BankOpt,
     DeviceOpt,
@@ -238,6 +238,8 @@ def _print_perplexity(pp: dict[str, Any]) -> None:
         vs += " [red](over the limit)[/red]" if r["worse_than_limit"] else ""
         t.add_row(r["setup"], f"{r['perplexity']:.2f}", vs, f"{r['tokens']:,}")
     out.print(t)
+    if line := gate_line(pp):
+        out.print(line, markup=False)
 
 
 def _print_history(bank: str, rows: list[dict[str, Any]]) -> None:

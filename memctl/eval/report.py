@@ -108,6 +108,8 @@ def markdown(res: dict[str, Any], command: str = "") -> str:
                 if ratio is not None
                 else f"| {r['setup']} | {r['perplexity']:.2f} | - | {r['tokens']:,} |"
             )
+        if line := gate_line(pp):
+            lines += ["", line[0].upper() + line[1:] + "."]
     cov = res.get("coverage")
     if cov and "mean" in cov:
         lines += ["", "## Coverage", ""]
@@ -191,3 +193,16 @@ def write_report(res: dict[str, Any], directory: str | Path, command: str = "") 
         plot_blocking(res, written[-1])
     written[0].write_text(markdown(res, command), encoding="utf-8")
     return written
+
+
+def gate_line(pp: dict[str, Any]) -> str | None:
+    """One sentence on what the relevance gate did to a perplexity set: how many documents it left to
+    the anchor (they score exactly as the anchor does, so the whole-set ratio averages them in), and
+    what the memories did to the others. None when it gated nothing (the table says it all)."""
+    rows = [r for r in pp.get("rows", []) if r["setup"] != "anchor" and "fetched_docs" in r]
+    if not rows or not pp.get("gated"):
+        return None
+    n = rows[0]["fetched_docs"]
+    line = f"the relevance gate left {pp['gated']} of {pp['docs']} documents to the anchor alone"
+    parts = [f"{r['setup']} {100 * (r['ratio_on_fetched'] - 1):+.1f}%" for r in rows if r["ratio_on_fetched"]]
+    return line + (f"; on the other {n}: {', '.join(parts)}" if n and parts else "")
