@@ -181,6 +181,11 @@ def test_eval_perplexity_reads_the_documents_that_fetched_apart(home: Path, bank
     line = gate_line(pp)
     assert line is not None and line.startswith("the relevance gate left 1 of 2 documents to the anchor alone")
     assert f"fetched {100 * (alone - 1):+.1f}%" in line
+    res = runner.invoke(app, ["eval", "--bank", bank, "--setups", "anchor,fetched", "--perplexity", str(docs)])
+    assert res.exit_code == 0, res.output
+    assert "the relevance gate left 1 of 2 documents to the anchor alone; on the other 1: fetched" in " ".join(
+        res.output.split()
+    )
 
 
 def test_eval_leaves_a_gated_probe_to_the_anchor_in_every_setup_but_the_diagnostic(home: Path, bank: str) -> None:
