@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -214,11 +213,11 @@ def trained_perplexity(ppl: dict[str, Any], subtree: int | None) -> dict[str, An
     ones the gate let through and, in a subtree run, that routed into the trained subtree. The
     whole-set ratio averages in the documents that fetched nothing or only untrained blocks, which
     score as the anchor does, so a subtree run's whole-set figure understates a whole bank's."""
+    from memctl.eval.results import ratio_over
+
     docs = [d for d in ppl.get("documents", []) if not d["gated"] and (subtree is None or d["route"][0] == subtree)]
     docs = [d for d in docs if d["tokens"] and "fetched" in d["nll"]]
-    n = sum(d["tokens"] for d in docs)
-    excess = sum(d["nll"]["fetched"] - d["nll"]["anchor"] for d in docs)
-    return {"docs": len(docs), "of": ppl.get("docs"), "ratio": math.exp(excess / n) if n else None}
+    return {"docs": len(docs), "of": ppl.get("docs"), "ratio": ratio_over(docs, "fetched")}
 
 
 def subtree_coverage(home: Path, bank: str, subtree: int, variant: str) -> dict[str, Any]:

@@ -35,7 +35,6 @@ from ..core.relevance import gate
 from ..core.tree import best_matching
 from ..model.anchor import greedy
 from ..model.memory import Fetched
-from ..serve.api import Routed
 from ..serve.rag import with_context
 from ..serve.session import BankSession
 from .options import PPL_CHUNK, PPL_SETUPS, EvalInterrupted, EvalOptions, Job, Plan
@@ -147,7 +146,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
                 path = np.array([-1 if (lvl + 1, int(n)) in nodes else int(n) for lvl, n in enumerate(routes[i])])
                 off_i = off[i : i + 1]
             add(f"fetched blocked={f:g}", i, p.prompt, "fetched", gate(path[None], off_i))
-    ppl_jobs, ppl_routed = perplexity_jobs(session, ppl_texts, [s for s in setups if s in PPL_SETUPS])
+    ppl_jobs = perplexity_jobs(session, ppl_texts, [s for s in setups if s in PPL_SETUPS])
     gated_setups = set(setups) & {"generic", "fetched", "rag", "rag+fetched"}
     if session.relevance_floor > 0 and (gated_setups or opts.beam > 1 or any(opts.fractions)):
         ppl_off = {j.index for j in ppl_jobs if j.off}
@@ -160,19 +159,14 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
         )
     agree = agreement(routes, [p.doc for p in probes], by_doc)
     info = [r.to_dict() if r else None for r in retrieved]
-    return Plan(
-        probes, jobs + ppl_jobs, routes, agree, known, blocked, info, notes, len(ppl_texts), opts.answer_tokens,
-        ppl_routes=ppl_routed.paths if ppl_routed else None, ppl_off=ppl_routed.off if ppl_routed else None,
-    )  # fmt: skip
+    return Plan(probes, jobs + ppl_jobs, routes, agree, known, blocked, info, notes, len(ppl_texts), opts.answer_tokens)
 
 
-def perplexity_jobs(
-    session: BankSession, texts: Sequence[str], setups: Sequence[str]
-) -> tuple[list[Job], Routed | None]:
+def perplexity_jobs(session: BankSession, texts: Sequence[str], setups: Sequence[str]) -> list[Job]:
     """Each document cut into chunks of at most the bank's window; memories routed on the whole
-    document (one route for all its chunks). Also returns the documents' routes and the gate's verdicts."""
+    document (one route for all its chunks)."""
     if not texts or not setups:
-        return [], None
+        return []
     tok = session.anchor.tokenizer
     size = max(2, min(PPL_CHUNK, session.cfg.window))
     r = session.route_gated(texts)  # the relevance gate, as for probes
@@ -187,7 +181,7 @@ def perplexity_jobs(
                 paths = routes[d][None] if s == "fetched" else None
                 job = Job(f"ppl {s}|{d}|{c}", f"ppl {s}", d, "", "", PPL_SETUPS[s], paths, list(seq), bool(off[d]))
                 jobs.append(job)
-    return jobs, r
+    return jobs
 
 
 def read_texts(path: str | Path) -> list[str]:

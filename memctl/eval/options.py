@@ -80,5 +80,3 @@ class Plan:
     notes: list[str]
     ppl_docs: int = 0
     answer_tokens: int = PROBE_TOKENS
-    ppl_routes: np.ndarray | None = None  # (D, p) each perplexity document's route, before the gate
-    ppl_off: np.ndarray | None = None  # (D,) bool: documents the relevance gate left to the anchor alone

@@ -8,8 +8,6 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
-
 from ..core.probes import wilson
 from ..core.tree import nodes_to_block
 from ..serve.session import BankSession
@@ -78,7 +76,7 @@ def aggregate(session: BankSession, plan: Plan, opts: EvalOptions, results: dict
     if opts.fractions:
         out["blocking"] = blocking(session, plan, opts, groups)
     if plan.ppl_docs:
-        out["perplexity"] = perplexity(groups, plan.ppl_docs, plan.ppl_routes, plan.ppl_off)
+        out["perplexity"] = perplexity(groups, plan.ppl_docs)
     return out
 
 
@@ -134,61 +132,55 @@ def blocking(
     return {"mode": opts.blocking, "rows": rows}
 
 
-def perplexity(
-    groups: dict[str, list[tuple[Job, ItemResult]]],
-    docs: int,
-    routes: np.ndarray | None = None,
-    off: np.ndarray | None = None,
-) -> dict[str, Any]:
+def perplexity(groups: dict[str, list[tuple[Job, ItemResult]]], docs: int) -> dict[str, Any]:
     """Perplexity per setup over all documents; and, because a document the relevance gate leaves to
     the anchor scores exactly as the anchor does, the same ratio over the documents that did fetch
-    memories (`fetched_docs`, `ratio_on_fetched`). `documents` lists each document's route, gate
-    verdict, tokens and summed loss per setup (which documents the memories hurt)."""
+    memories (`fetched_docs`, `ratio_on_fetched`). `documents` lists each document's route (the path
+    its fetched memories came from: -1 where the gate fetched nothing; None without a fetched setup),
+    gate verdict, tokens and summed loss per setup (which documents the memories hurt)."""
     rows = []
     base = None
-    per_doc: dict[int, dict[str, float]] = {}
-    tokens_of: dict[int, int] = {}
+    documents: dict[int, dict[str, Any]] = {}
     for s in ("anchor", "generic", "fetched"):
         pairs = groups.get(f"ppl {s}", [])
         if not pairs:
             continue
         nll = sum(r.nll for _, r in pairs)
         tokens = sum(r.tokens for _, r in pairs)
-        first = not per_doc  # every setup scores the same chunks: count each document's tokens once
+        first = not documents  # every setup scores the same chunks: count each document's tokens once
         for j, r in pairs:
-            doc = per_doc.setdefault(j.index, {})
-            doc[s] = doc.get(s, 0.0) + r.nll
-            if first:
-                tokens_of[j.index] = tokens_of.get(j.index, 0) + r.tokens
+            doc = documents.setdefault(
+                j.index, {"index": j.index, "route": None, "gated": j.off, "tokens": 0, "nll": {}}
+            )
+            doc["nll"][s] = doc["nll"].get(s, 0.0) + r.nll
+            doc["tokens"] += r.tokens if first else 0
+            if s == "fetched":
+                doc["route"] = [int(v) for v in j.paths[0]]  # type: ignore[index]
         ppl = math.exp(nll / tokens) if tokens else math.nan
         if s == "anchor":
             base = ppl
         rows.append({"setup": s, "perplexity": ppl, "nll_per_token": nll / tokens if tokens else math.nan,
                      "tokens": tokens, "seconds": sum(r.seconds for _, r in pairs)})  # fmt: skip
-    gated = {d for d in per_doc if off is not None and bool(off[d])}
-    passed = [d for d in sorted(per_doc) if d not in gated]
+    listed = [documents[d] for d in sorted(documents)]
+    passed = [d for d in listed if not d["gated"]]
     for r in rows:
         r["ratio_to_anchor"] = r["perplexity"] / base if base else None
         r["worse_than_limit"] = bool(base and r["perplexity"] > base * (1 + DAMAGE_LIMIT))
         if r["setup"] != "anchor":
             r["fetched_docs"] = len(passed)
-            r["ratio_on_fetched"] = _ratio(per_doc, tokens_of, passed, r["setup"])
-    documents = [
-        {"index": d, "route": [int(v) for v in routes[d]] if routes is not None else None, "gated": d in gated,
-         "tokens": tokens_of.get(d, 0), "nll": per_doc[d]}
-        for d in sorted(per_doc)
-    ]  # fmt: skip
-    return {"docs": docs, "routing": "whole document", "limit": DAMAGE_LIMIT, "gated": len(gated), "rows": rows,
-            "documents": documents}  # fmt: skip
+            r["ratio_on_fetched"] = ratio_over(passed, r["setup"])
+    return {"docs": docs, "routing": "whole document", "limit": DAMAGE_LIMIT, "gated": len(listed) - len(passed),
+            "rows": rows, "documents": listed}  # fmt: skip
 
 
-def _ratio(per_doc: dict[int, dict[str, float]], tokens: dict[int, int], docs: list[int], setup: str) -> float | None:
-    """Perplexity of `setup` over `docs` divided by the anchor's over the same documents (None: none)."""
-    have = [d for d in docs if setup in per_doc[d] and "anchor" in per_doc[d] and tokens.get(d)]
-    n = sum(tokens[d] for d in have)
+def ratio_over(documents: Sequence[dict[str, Any]], setup: str) -> float | None:
+    """Perplexity of `setup` over some of a perplexity run's `documents` divided by the anchor's over
+    the same documents (None when none has both)."""
+    have = [d for d in documents if d["tokens"] and setup in d["nll"] and "anchor" in d["nll"]]
+    n = sum(d["tokens"] for d in have)
     if not n:
         return None
-    return math.exp((sum(per_doc[d][setup] for d in have) - sum(per_doc[d]["anchor"] for d in have)) / n)
+    return math.exp(sum(d["nll"][setup] - d["nll"]["anchor"] for d in have) / n)
 
 
 def answers(plan: Plan, results: dict[str, ItemResult]) -> list[dict[str, Any]]:
