@@ -27,6 +27,7 @@ lower bound; each setup's accuracy on the probes routed into their document's le
 
     python benchmarks/corpora.py [--corpora elements,fictional,foldoc] [--variants cloze,study2]
         [--subtree N] [--routing nearest|tree] [--memory-layers all|last:N]
+        [--train-args "..."] [--eval-args "--anchor-mix 0.5"]
         [--entities 300] [--limit N] [--out demo-out/corpora] [--fresh]
 """
 
@@ -158,18 +159,25 @@ def score(
     subtree: int | None,
     limit: int | None,
     train_extra: list[str],
+    eval_extra: list[str],
+    trained: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """Train a copy of `base` in `home` and score it; with `trained` (the row of an earlier run that
+    trained `home` with the same options) score that bank again, with `eval_extra` on every eval."""
     _, _, main_probes, question_probes = CORPORA[corpus]
     env = dict(os.environ, MEMCTL_HOME=str(home))
-    shutil.rmtree(home, ignore_errors=True)
-    shutil.copytree(base, home)
-    t1 = time.perf_counter()
-    train_args = ["train", "--bank", corpus, *VARIANTS[variant], *train_extra]  # not --json: progress goes to the log
-    if subtree is not None:
-        train_args += ["--subtree", str(subtree)]
-    with log.open("a") as f:
-        f.write(memctl(env, log, *train_args))
-    train_s = time.perf_counter() - t1
+    if trained is None:
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.copytree(base, home)
+        t1 = time.perf_counter()
+        train_args = ["train", "--bank", corpus, *VARIANTS[variant], *train_extra]  # not --json: progress to the log
+        if subtree is not None:
+            train_args += ["--subtree", str(subtree)]
+        with log.open("a") as f:
+            f.write(memctl(env, log, *train_args))
+        train_s = time.perf_counter() - t1
+    else:
+        train_s = trained["seconds"]["train"]
     info = json.loads(memctl(env, log, "info", "--bank", corpus, "--json"))
     units = [r for r in info["runs"] if r["status"] == "done"]
     probes, questions = data / main_probes, data / question_probes
@@ -178,20 +186,22 @@ def score(
         questions = subtree_probes(home, corpus, subtree, questions, home / "questions-subtree.jsonl")
     extra = ["--limit", str(limit)] if limit else []
     t2 = time.perf_counter()
-    base = ["eval", "--bank", corpus, "--json", *extra]
+    base = ["eval", "--bank", corpus, "--json", *extra, *eval_extra]
     main = setups_of(memctl(env, log, *base, "--probes", str(probes), "--setups", MAIN_SETUPS))
     asked = setups_of(
         memctl(env, log, *base, "--probes", str(questions), "--setups", QUESTION_SETUPS,
                "--answer-tokens", str(QUESTION_ANSWER_TOKENS))
     )  # fmt: skip
     ppl = json.loads(memctl(env, log, "eval", "--bank", corpus, "--json", "--setups", "anchor,fetched",
-                            "--perplexity", str(HELDOUT)))["perplexity"]  # fmt: skip
+                            "--perplexity", str(HELDOUT), *eval_extra))["perplexity"]  # fmt: skip
     eval_s = time.perf_counter() - t2
     fetched_ppl = next((r for r in ppl["rows"] if r["setup"] == "fetched"), {})
     return {
         "corpus": corpus,
         "variant": variant,
         "train_options": VARIANTS[variant] + train_extra,
+        "eval_options": eval_extra,
+        "rescored": trained is not None,  # an earlier run's bank scored again: its training figures are that run's
         "subtree": subtree,
         "routing": info.get("routing"),
         "main": main,
@@ -279,7 +289,7 @@ def table(rows: dict[str, dict[str, Any]]) -> Table:
         ppl = r.get("perplexity_vs_anchor")
         t.add_row(
             r["corpus"] + (f" (subtree {r['subtree']})" if r.get("subtree") is not None else ""),
-            r["variant"],
+            " ".join([r["variant"], *r.get("eval_options", [])]),
             str(m["fetched"]["n"]),
             pct(m.get("anchor")),
             pct(m.get("oracle-rag")),
@@ -320,6 +330,12 @@ def main() -> None:
         "--memory-layers", default="all", help="the banks' memory layers (ingest --memory-layers; all is memctl's)"
     )
     ap.add_argument("--train-args", default="", help="more `memctl train` options for every variant, quoted")
+    ap.add_argument(
+        "--eval-args",
+        default="",
+        help="more `memctl eval` options for every score, quoted (e.g. '--anchor-mix 0.5'); a bank trained before "
+        "with the same corpus, variant and train options is scored again, not retrained",
+    )
     ap.add_argument("--out", default=str(ROOT / "demo-out" / "corpora"))
     ap.add_argument("--fresh", action="store_true", help="drop earlier results under --out")
     a = ap.parse_args()
@@ -355,14 +371,17 @@ def main() -> None:
             key = f"{corpus}/{variant}/{a.routing}" + (f"/subtree{a.subtree}" if a.subtree is not None else "")
             key += f" {a.train_args}" if a.train_args else ""
             key += f" --memory-layers {a.memory_layers}" if layers else ""
+            home = out / "homes" / key.replace("/", "-").replace(" ", "")
+            trained = rows.get(key) if a.eval_args and (home / "banks" / corpus).is_dir() else None
+            key += f" eval {a.eval_args}" if a.eval_args else ""
             if key in rows:
                 console.print(f"{key}: scored before, kept")
                 continue
             console.rule(key)
             t0 = time.perf_counter()
-            home = out / "homes" / key.replace("/", "-").replace(" ", "")
             shared = prepare_base(corpus, data, base, log, pool, a.routing, a.memory_layers)
-            rows[key] = score(corpus, variant, base, data, home, log, a.subtree, a.limit, a.train_args.split())
+            rows[key] = score(corpus, variant, base, data, home, log, a.subtree, a.limit, a.train_args.split(),
+                              a.eval_args.split(), trained)  # fmt: skip
             rows[key]["seconds"].update({f"shared_{k}": v for k, v in shared.items()})
             rows[key]["seconds"]["total"] = time.perf_counter() - t0 + sum(shared.values())
             rows[key]["commit"] = commit()

@@ -10,6 +10,7 @@ import typer
 from ..core.errors import InputError, MemctlError
 from .common import (
     AllowOpt,
+    AnchorMixOpt,
     BankOpt,
     CacheMbOpt,
     DeviceOpt,
@@ -43,6 +44,7 @@ def ask(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     min_relevance: MinRelevanceOpt = None,
+    anchor_mix: AnchorMixOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Answer with the memory blocks the prompt routes to (only those are read). A prompt unrelated
@@ -60,7 +62,7 @@ def ask(
         tags = parse_tags(allow) if allow is not None else None
         return do_ask(
             bank, prompt, mode=mode, max_new_tokens=max_new_tokens, chat=chat, allow=tags, cache_mb=cache_mb, rag=rag,
-            int8=int8, device=device, dtype=dtype, min_relevance=min_relevance,
+            int8=int8, device=device, dtype=dtype, min_relevance=min_relevance, anchor_mix=anchor_mix,
         )  # fmt: skip
 
     d = run(go)
@@ -116,6 +118,7 @@ def chat(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     min_relevance: MinRelevanceOpt = None,
+    anchor_mix: AnchorMixOpt = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Line mode that answers each stdin line with one JSON object per line.")
     ] = False,
@@ -137,7 +140,10 @@ def chat(
             raise InputError("the chat app needs a terminal; use --plain for pipes and scripts")
         tags = parse_tags(allow) if allow is not None else None
         place = placement(device, dtype)
-        session = BankSession(bank, allow=tags, cache_mb=cache_mb, int8=int8, place=place, min_relevance=min_relevance)
+        session = BankSession(
+            bank, allow=tags, cache_mb=cache_mb, int8=int8, place=place, min_relevance=min_relevance,
+            anchor_mix=anchor_mix,
+        )  # fmt: skip
         return Chat(session, settings)
 
     session_chat = run(open_chat)

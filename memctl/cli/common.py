@@ -90,6 +90,14 @@ MinRelevanceOpt = Annotated[
         "(0 to 1) fetches no memory and retrieves nothing (default: calibrated on the bank's windows; 0: off).",
     ),
 ]
+AnchorMixOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="The anchor's share (0 to 1) of each next-token distribution where memories are fetched: "
+        "(1-w) p(memories) + w p(anchor), which keeps memories from rewriting text they do not cover "
+        "(default: memctl's, docs/corpora.md; 0: memories alone). Costs a second batch row per answer.",
+    ),
+]
 Int8Opt = Annotated[
     bool,
     typer.Option(

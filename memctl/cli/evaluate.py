@@ -13,6 +13,7 @@ from ..core.errors import InputError
 from ..core.probes import PROBE_TOKENS
 from ..eval.report import ci, gate_line, pct, write_report
 from .common import (
+    AnchorMixOpt,
     BankOpt,
     DeviceOpt,
     DtypeOpt,
@@ -83,6 +84,7 @@ def eval_cmd(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     min_relevance: MinRelevanceOpt = None,
+    anchor_mix: AnchorMixOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Probe accuracy (95% Wilson intervals) of every setup, routing agreement, beam, blocked fractions,
@@ -125,7 +127,9 @@ def eval_cmd(
         place = placement(device, dtype)
         if place != CPU:
             params["device"] = place.label  # likewise: only another placement starts a new run
-        session = BankSession(bank, allow=tags, int8=int8, place=place, min_relevance=min_relevance)
+        session = BankSession(
+            bank, allow=tags, int8=int8, place=place, min_relevance=min_relevance, anchor_mix=anchor_mix
+        )
         with session, stage_progress(not as_json) as progress:
             res = run_eval(session, ps, opts, probes_path=probes, perplexity=perplexity, params=params,
                            fresh=fresh, progress=progress)  # fmt: skip
@@ -136,7 +140,7 @@ def eval_cmd(
                                 ("--block-fraction", block_fraction),
                                 ("--blocking", blocking if blocking != "reroute" else None),
                                 ("--perplexity", perplexity), ("--allow", allow), ("--limit", limit),
-                                ("--min-relevance", min_relevance),
+                                ("--min-relevance", min_relevance), ("--anchor-mix", anchor_mix),
                                 ("--seed", seed if limit is not None else None), ("--report", report)):  # fmt: skip
                 if value is not None:
                     parts += [flag, str(value)]

@@ -227,7 +227,8 @@ def run_jobs(
                     ItemResult(j.item, j.doc, "", 0, x.nll, x.tokens, dt) for j, x in zip(batch, losses, strict=True)
                 ]
             else:
-                texts = greedy(session.anchor, session.handle, [j.prompt for j in batch], fetched, plan.answer_tokens)
+                prompts = [j.prompt for j in batch]
+                texts = greedy(session.anchor, session.handle, prompts, fetched, plan.answer_tokens, session.anchor_mix)
                 dt = (time.perf_counter() - t0) / len(batch)
                 out = [
                     ItemResult(j.item, j.doc, t, int(is_correct(t, plan.probes[j.index].answers)), seconds=dt)
@@ -274,6 +275,8 @@ def run_eval(
     )
     if session.relevance_floor > 0:  # another gate answers differently: a new run (gate off: as before it)
         params["relevance_floor"] = session.relevance_floor
+    if session.anchor_mix > 0:  # mixed answers are other answers: a new run (0: as before the mix existed)
+        params["anchor_mix"] = session.anchor_mix
     runs = EvalRuns(session.reg) if store else None
     opened = runs.open(str(probes_path or ""), params, fresh) if runs else None
     done = opened.done if opened else {}

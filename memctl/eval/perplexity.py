@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model.memory import Fetched
+from ..model.mix import split_mix, with_anchor_rows
 from ..model.prefix import on_model
 from ..serve.session import BankSession
 
@@ -48,13 +49,23 @@ def combine(losses: Sequence[TextLoss]) -> TextLoss:
     return TextLoss(sum(x.nll for x in losses), sum(x.tokens for x in losses))
 
 
+def log_probs(session: BankSession, ids: torch.Tensor, mask: torch.Tensor, fetched: Fetched | None) -> torch.Tensor:
+    """(B, T, V) float32 next-token log-probabilities of a padded batch with the given blocks (None: the
+    anchor alone), mixed with the anchor's own by the session's `anchor_mix` where memories are fetched."""
+    mix = session.anchor_mix if fetched is not None else 0.0
+    if mix > 0:  # one pass over the batch twice: the second copy fetches nothing (memctl.model.mix)
+        ids, mask, fetched = torch.cat([ids, ids]), torch.cat([mask, mask]), with_anchor_rows(fetched)  # type: ignore[arg-type]
+    with session.handle.using(fetched):
+        logits = session.anchor.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    return split_mix(logits, mix) if mix > 0 else torch.log_softmax(logits.float(), -1)
+
+
 @torch.no_grad()
 def token_losses(session: BankSession, seqs: Sequence[Sequence[int]], fetched: Fetched | None) -> list[TextLoss]:
     """NLL of each token sequence (right-padded batch) with the given blocks (None: anchor alone)."""
     ids, mask = on_model(session.anchor.model, *_pad(seqs, session.anchor.tokenizer.pad_token_id, 2))
-    with session.handle.using(fetched):
-        logits = session.anchor.model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (B, T, V)
-    nll = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), ids[:, 1:], reduction="none")  # (B, T-1)
+    logp = log_probs(session, ids, mask, fetched)  # (B, T, V)
+    nll = F.nll_loss(logp[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T-1)
     valid = mask[:, 1:].bool()
     return [TextLoss(float(nll[i][valid[i]].sum()), int(valid[i].sum())) for i in range(len(seqs))]
 
@@ -117,9 +128,7 @@ def answer_losses(
             starts.append(len(p))
         ids, mask = on_model(session.anchor.model, *_pad(seqs, tok.pad_token_id))
         paths = session.route([p for p, _a in chunk]) if mode == "fetched" else None
-        with session.handle.using(session.fetch(mode, paths, len(chunk))):
-            logits = session.anchor.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-        logp = torch.log_softmax(logits.float(), -1)
+        logp = log_probs(session, ids, mask, session.fetch(mode, paths, len(chunk)))
         for i, (x, st) in enumerate(zip(seqs, starts, strict=True)):
             pos = torch.arange(st - 1, len(x) - 1, device=logp.device)
             nll = -logp[i, pos, torch.tensor(x[st:], dtype=torch.long, device=logp.device)].sum()

@@ -26,6 +26,7 @@ from torch import nn
 from ..core.errors import AnchorError
 from ..core.placement import CPU, Placement
 from .memory import Fetched, memory_delta
+from .mix import AnchorMix, with_anchor_rows
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -287,20 +288,70 @@ def left_padded(tokenizer: Any, texts: Sequence[str]) -> Any:
 
 
 @torch.no_grad()
-def greedy(
-    anchor: Anchor, handle: MemoryHandle, texts: Sequence[str], fetched: Fetched | None, max_new_tokens: int
-) -> list[str]:
-    """Greedy continuations of a left-padded batch; row i uses the blocks `fetched` gives row i."""
-    tok = anchor.tokenizer
-    enc = left_padded(tok, texts).to(anchor.device)
+def generate(
+    anchor: Anchor,
+    handle: MemoryHandle,
+    enc: Any,
+    fetched: Fetched | None,
+    max_new_tokens: int,
+    anchor_mix: float = 0.0,
+    streamer: Any = None,
+) -> torch.Tensor:
+    """Greedy generation of a tokenized batch (`enc`: input_ids, attention_mask on the model's device);
+    row i uses the blocks `fetched` gives row i. With `anchor_mix` w > 0 and memories fetched, each
+    next token is chosen on (1 - w) p(memories) + w p(anchor) (memctl.model.mix): the batch runs twice
+    over in one pass, the second copy fetching nothing. Returns (B, prompt + new) ids."""
+    batch = enc["input_ids"].shape[0]
+    kw: dict[str, Any] = {}
+    if anchor_mix > 0 and fetched is not None:
+        from transformers import LogitsProcessorList  # imported after load_anchor quietened transformers
+
+        enc = {k: torch.cat([v, v]) for k, v in enc.items()}
+        fetched = with_anchor_rows(fetched)
+        kw["logits_processor"] = LogitsProcessorList([AnchorMix(anchor_mix)])
+        if streamer is not None:
+            streamer = FirstRows(streamer, batch)
     with handle.using(fetched):
         out = anchor.model.generate(
             **enc,
             max_new_tokens=max_new_tokens,
             do_sample=False,
-            pad_token_id=tok.pad_token_id,
+            pad_token_id=anchor.tokenizer.pad_token_id,
             temperature=None,
             top_p=None,
             top_k=None,
+            streamer=streamer,
+            **kw,
         )
+    return out[:batch]
+
+
+class FirstRows:
+    """A generation streamer that sees only the first `rows` rows (a doubled batch's own rows)."""
+
+    def __init__(self, streamer: Any, rows: int) -> None:
+        self.streamer = streamer
+        self.rows = rows
+
+    def put(self, value: torch.Tensor) -> None:
+        self.streamer.put(value[: self.rows] if value.dim() > 1 else value.view(-1, 1)[: self.rows].view(-1))
+
+    def end(self) -> None:
+        self.streamer.end()
+
+
+@torch.no_grad()
+def greedy(
+    anchor: Anchor,
+    handle: MemoryHandle,
+    texts: Sequence[str],
+    fetched: Fetched | None,
+    max_new_tokens: int,
+    anchor_mix: float = 0.0,
+) -> list[str]:
+    """Greedy continuations of a left-padded batch; row i uses the blocks `fetched` gives row i (mixed
+    with the anchor's own distribution by `anchor_mix`, see `generate`)."""
+    tok = anchor.tokenizer
+    enc = left_padded(tok, texts).to(anchor.device)
+    out = generate(anchor, handle, enc, fetched, max_new_tokens, anchor_mix)
     return tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)

@@ -311,7 +311,7 @@ def _forget(
 ) -> ForgetReport:
     t0 = time.perf_counter()
     # the proof is about parameters, blocked or not, and about every text: no relevance gate
-    session = BankSession(plan.bank, home, serve_blocked=True, min_relevance=0.0)
+    session = BankSession(plan.bank, home, serve_blocked=True, min_relevance=0.0, anchor_mix=0.0)
     reg = session.reg
     try:
         ids = check_docs(reg, plan.docs)

@@ -179,7 +179,8 @@ def verify_forgotten(
     the registry, no fragment of their text in any file of the bank, and no more memorised than the
     bank's reference documents."""
     docs = read_documents(paths, text_field=text_field, id_field=id_field)
-    with BankSession(name, home, serve_blocked=True, min_relevance=0.0) as session:  # parameters: no gate
+    # the parameters themselves: no relevance gate, no anchor mix
+    with BankSession(name, home, serve_blocked=True, min_relevance=0.0, anchor_mix=0.0) as session:
         reg = session.reg
         if reg.count("windows") == 0:
             raise BankStateError(f"bank {name!r} has no documents")

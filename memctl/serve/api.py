@@ -34,6 +34,7 @@ from ..core.relevance import below_floor, gate, sample_ids
 from ..core.tree import Tree
 from ..model.anchor import MemoryHandle, attach, decoder_layers
 from ..model.memory import Fetched
+from ..model.mix import DEFAULT_ANCHOR_MIX, check_mix
 from ..registry import Registry, memctl_home
 from .rag import Retriever
 from .store import DEFAULT_CACHE_MB, BlockStore
@@ -76,7 +77,10 @@ class Memories:
     the parameters themselves (forgetting), never for answers; `int8`: forward passes use the fetched
     blocks as int8 weights (a float32 model on the CPU; see memory.pack_int8); `min_relevance`: the
     relevance gate's floor (memctl.core.relevance; None: calibrated on the bank's windows, 0: off), below
-    which a routed context fetches nothing and the anchor answers alone."""
+    which a routed context fetches nothing and the anchor answers alone; `anchor_mix`: the anchor's share
+    of each next-token distribution where memories are fetched (memctl.model.mix; None: memctl's
+    default), in memctl's own
+    generation and scoring (BankSession); a model you generate with yourself gets the memories alone."""
 
     def __init__(
         self,
@@ -89,11 +93,13 @@ class Memories:
         serve_blocked: bool = False,
         int8: bool = False,
         min_relevance: float | None = None,
+        anchor_mix: float | None = None,
     ) -> None:
         if cache_mb < 0:
             raise InputError("--cache-mb must be non-negative")
         if min_relevance is not None and not 0 <= min_relevance <= 1:
             raise InputError(f"--min-relevance is a cosine similarity floor in [0, 1] (0: off), got {min_relevance}")
+        self.anchor_mix = check_mix(DEFAULT_ANCHOR_MIX if anchor_mix is None else anchor_mix)
         self.home = home or memctl_home()
         self.reg = Registry.open(name, self.home)
         self.cfg = self.reg.config

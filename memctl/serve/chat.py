@@ -19,6 +19,7 @@ from transformers import TextStreamer
 
 from ..build.labels import LABEL_TITLES, node_label
 from ..core.errors import InputError
+from ..model.anchor import generate
 from ..registry import block_id
 from .api import MODES
 from .rag import with_context
@@ -166,17 +167,7 @@ class Chat:
 
         stream = _Stream(tok, emit)
         t3 = time.perf_counter()
-        with s.handle.using(fetched):
-            s.anchor.model.generate(
-                **enc,
-                max_new_tokens=st.max_new_tokens,
-                do_sample=False,
-                temperature=None,
-                top_p=None,
-                top_k=None,
-                pad_token_id=tok.pad_token_id,
-                streamer=stream,
-            )
+        generate(s.anchor, s.handle, enc, fetched, st.max_new_tokens, s.anchor_mix, stream)
         t_gen = time.perf_counter() - t3
         path = [int(v) for v in paths[0]]
         gated = bool(off is not None and off[0])

@@ -51,6 +51,7 @@ class BankSession(Memories):
         int8: bool = False,
         place: Placement = CPU,
         min_relevance: float | None = None,
+        anchor_mix: float | None = None,
     ) -> None:
         """`place`: the device and dtype the anchor is loaded to (memctl.core.placement); its blocks are
         served there too."""
@@ -63,6 +64,7 @@ class BankSession(Memories):
             serve_blocked=serve_blocked,
             int8=int8,
             min_relevance=min_relevance,
+            anchor_mix=anchor_mix,
         )
         try:
             self.anchor = anchor or load_anchor(self.cfg.anchor, self.home, place)
@@ -124,7 +126,9 @@ class BankSession(Memories):
         fetched = self.fetch(mode, paths if mode == "fetched" else None, len(prompts), off)
         t_fetch = time.perf_counter() - t2
         t3 = time.perf_counter()
-        outs = greedy(self.anchor, self.handle, self.encode_prompts(texts, chat), fetched, max_new_tokens)
+        outs = greedy(
+            self.anchor, self.handle, self.encode_prompts(texts, chat), fetched, max_new_tokens, self.anchor_mix
+        )
         t_gen = time.perf_counter() - t3
         timings = {"route_s": t_route, "retrieve_s": t_retrieve, "fetch_s": t_fetch, "generate_s": t_gen}
         answers = []
@@ -174,12 +178,20 @@ def ask(
     device: str | None = None,
     dtype: str | None = None,
     min_relevance: float | None = None,
+    anchor_mix: float | None = None,
 ) -> dict[str, Any]:
     if not prompt.strip():
         raise InputError("the prompt is empty")
     place = placement(device, dtype)
     with BankSession(
-        name, home, allow=allow, cache_mb=cache_mb, int8=int8, place=place, min_relevance=min_relevance
+        name,
+        home,
+        allow=allow,
+        cache_mb=cache_mb,
+        int8=int8,
+        place=place,
+        min_relevance=min_relevance,
+        anchor_mix=anchor_mix,
     ) as s:
         ans = s.generate([prompt], mode=mode, max_new_tokens=max_new_tokens, chat=chat, rag=rag)[0]
         return {
@@ -194,6 +206,7 @@ def ask(
             "relevance": ans.relevance,
             "relevance_floor": s.relevance_floor,
             "unrelated": ans.unrelated,
+            "anchor_mix": s.anchor_mix if ans.blocks else 0.0,
             "allow": sorted(allow) if allow is not None else None,
             "timings": ans.timings,
             "int8": int8,
