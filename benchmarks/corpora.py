@@ -67,8 +67,14 @@ CORPORA: dict[str, tuple[str, str, str, str]] = {
 }
 MAIN_SETUPS = "anchor,oracle-rag,fetched,rag,rag+fetched"
 QUESTION_SETUPS = "anchor,oracle-rag,fetched"
+MEMORYLESS = ("anchor", "oracle-rag", "rag")  # setups that fetch no memory
 # a question is answered in a sentence ("The company was founded by ..."): 8 tokens cut correct answers off
 QUESTION_ANSWER_TOKENS = 16
+
+
+def mix_only(eval_extra: list[str]) -> bool:
+    """The extra eval options change only how fetched memories are served (`--anchor-mix W`)."""
+    return len(eval_extra) == 2 and eval_extra[0] == "--anchor-mix"
 
 
 def run(env: dict[str, str], args: list[str], log: Path) -> str:
@@ -187,11 +193,19 @@ def score(
     extra = ["--limit", str(limit)] if limit else []
     t2 = time.perf_counter()
     base = ["eval", "--bank", corpus, "--json", *extra, *eval_extra]
-    main = setups_of(memctl(env, log, *base, "--probes", str(probes), "--setups", MAIN_SETUPS))
+    main_setups, question_setups, kept = MAIN_SETUPS, QUESTION_SETUPS, ()
+    if trained is not None and mix_only(eval_extra):  # the setups without memories cannot change: theirs are kept
+        kept = MEMORYLESS
+        main_setups, question_setups = (",".join(s for s in x.split(",") if s not in kept)
+                                        for x in (MAIN_SETUPS, QUESTION_SETUPS))  # fmt: skip
+    main = setups_of(memctl(env, log, *base, "--probes", str(probes), "--setups", main_setups))
     asked = setups_of(
-        memctl(env, log, *base, "--probes", str(questions), "--setups", QUESTION_SETUPS,
+        memctl(env, log, *base, "--probes", str(questions), "--setups", question_setups,
                "--answer-tokens", str(QUESTION_ANSWER_TOKENS))
     )  # fmt: skip
+    if trained is not None:
+        main.update({s: r for s, r in trained["main"].items() if s in kept})
+        asked.update({s: r for s, r in trained["questions"].items() if s in kept})
     ppl = json.loads(memctl(env, log, "eval", "--bank", corpus, "--json", "--setups", "anchor,fetched",
                             "--perplexity", str(HELDOUT), *eval_extra))["perplexity"]  # fmt: skip
     eval_s = time.perf_counter() - t2

@@ -1,7 +1,8 @@
 """Serving cost of memories on a trained bank (default: the elements bank that `make demo` builds).
 
 1. Latency of a 40-token answer, anchor alone vs with fetched memories, and the overhead split into
-   routing, fetching (cold: read from disk; warm: from the cache) and extra compute.
+   routing, fetching (cold: read from disk; warm: from the cache) and extra compute; and the cost of
+   mixing the anchor's own distribution in (`--anchor-mix`: the batch runs twice over) against memories alone.
 2. Peak resident memory of `memctl ask` against this bank and against a bank ten times larger (the
    same tree shape with k raised, every block filled with synthetic parameters): memory depends on
    the fetched path, not on the bank.
@@ -31,6 +32,7 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 console = Console()
+ANCHOR_MIX = 0.5  # the anchor's share timed in the third run (`--anchor-mix`; any share above 0 costs the same)
 
 
 def median_time(fn, repeats: int) -> float:  # noqa: ANN001
@@ -45,23 +47,22 @@ def median_time(fn, repeats: int) -> float:  # noqa: ANN001
 def latency(home: Path, bank: str, prompts: list[str], tokens: int, repeats: int, int8: bool = False) -> dict:
     """With `int8`, the memories are served as int8 weights (`--int8`): a cold fetch then includes
     packing the path's blocks."""
+    from memctl.model.anchor import generate
     from memctl.serve.session import BankSession
     from memctl.serve.store import BlockStore
 
     rows = []
     with BankSession(bank, home, int8=int8) as s:
-        tok, model = s.anchor.tokenizer, s.anchor.model
+        tok = s.anchor.tokenizer
         t = time.perf_counter()
         floor = s.relevance_floor  # the gate's floor, calibrated once per session on the bank's windows
         calibrate_s = time.perf_counter() - t
         for q in prompts:
             enc = tok(q, return_tensors="pt", add_special_tokens=False)
 
-            def gen(fetched, enc=enc) -> None:  # noqa: ANN001
-                with torch.no_grad(), s.handle.using(fetched):
-                    out = model.generate(**enc, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
-                                         pad_token_id=tok.pad_token_id)  # fmt: skip
-                assert out.shape[1] - enc["input_ids"].shape[1] == tokens
+            def gen(fetched, enc=enc, mix=0.0) -> None:  # noqa: ANN001
+                out = generate(s.anchor, s.handle, enc, fetched, tokens, mix, min_new_tokens=tokens)
+                assert out.shape == (1, enc["input_ids"].shape[1] + tokens)
 
             route_s = median_time(lambda q=q: s.route_gated([q]), repeats)  # embed, route, relevance gate
             r = s.route_gated([q])
@@ -76,18 +77,23 @@ def latency(home: Path, bank: str, prompts: list[str], tokens: int, repeats: int
                 cold.append(time.perf_counter() - t)
             warm_s = median_time(lambda paths=paths: s.store.fetch_paths(paths), repeats)
             fetched = s.store.fetch_paths(paths)
-            gen(None)  # warm up both
+            gen(None)  # warm up all three
             gen(fetched)
-            alone, mem = [], []
-            for _ in range(repeats):  # interleaved, so drifts hit both alike
+            gen(fetched, mix=ANCHOR_MIX)
+            alone, mem, mixed = [], [], []
+            for _ in range(repeats):  # interleaved, so drifts hit all alike
                 t = time.perf_counter()
                 gen(None)
                 alone.append(time.perf_counter() - t)
                 t = time.perf_counter()
                 gen(fetched)
                 mem.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                gen(fetched, mix=ANCHOR_MIX)  # the batch doubled: the anchor's distribution from a second row
+                mixed.append(time.perf_counter() - t)
             rows.append({"route_s": route_s, "fetch_cold_s": statistics.median(cold), "fetch_warm_s": warm_s,
-                         "anchor_s": statistics.median(alone), "memory_s": statistics.median(mem)})  # fmt: skip
+                         "anchor_s": statistics.median(alone), "memory_s": statistics.median(mem),
+                         "mix_s": statistics.median(mixed)})  # fmt: skip
         fetched_bytes = 4 * s.cfg.memory.fetched_params
     avg = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
     extra = avg["memory_s"] - avg["anchor_s"]
@@ -100,6 +106,8 @@ def latency(home: Path, bank: str, prompts: list[str], tokens: int, repeats: int
         "extra_compute_s": extra,
         "overhead_warm": (avg["route_s"] + avg["fetch_warm_s"] + extra) / avg["anchor_s"],
         "overhead_cold": (avg["route_s"] + avg["fetch_cold_s"] + extra) / avg["anchor_s"],
+        "anchor_mix": ANCHOR_MIX,
+        "mix_vs_memory": avg["mix_s"] / avg["memory_s"],  # the anchor mixture's cost over memories alone
         "per_question": rows,
     }
 
@@ -206,7 +214,8 @@ def main() -> None:
                 f"mean of {a.questions} questions, median of {a.repeats} runs"
             )
             for col in ("memories", "anchor alone", "with memories", "route", "fetch cold", "fetch warm",
-                        "extra compute", "overhead (warm)", "overhead (cold)"):  # fmt: skip
+                        "extra compute", "overhead (warm)", "overhead (cold)",
+                        f"+ anchor mix {ANCHOR_MIX:g}", "mix / memories"):  # fmt: skip
                 t.add_column(col, justify="right")
             for name, int8 in (("fp32", False), ("int8 (--int8)", True)):
                 lat = latency(home, a.bank, [q["prompt"] for q in probes[: a.questions]], a.tokens, a.repeats, int8)
@@ -214,7 +223,8 @@ def main() -> None:
                 t.add_row(name, f"{lat['anchor_s']:.3f} s", f"{lat['memory_s']:.3f} s",
                           f"{1e3 * lat['route_s']:.1f} ms", f"{1e3 * lat['fetch_cold_s']:.1f} ms",
                           f"{1e3 * lat['fetch_warm_s']:.2f} ms", f"{1e3 * lat['extra_compute_s']:.0f} ms",
-                          f"{100 * lat['overhead_warm']:.1f}%", f"{100 * lat['overhead_cold']:.1f}%")  # fmt: skip
+                          f"{100 * lat['overhead_warm']:.1f}%", f"{100 * lat['overhead_cold']:.1f}%",
+                          f"{lat['mix_s']:.3f} s", f"{lat['mix_vs_memory']:.2f}x")  # fmt: skip
             console.print(t)
             floor_ms = 1e3 * results["latency"]["calibrate_s"]
             console.print(f"route = embed + route + relevance gate; the gate's floor is calibrated once per session "

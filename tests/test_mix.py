@@ -17,7 +17,7 @@ from memctl.eval.perplexity import token_losses
 from memctl.model.anchor import left_padded
 from memctl.model.mix import check_mix, mixed_logprobs, with_anchor_rows
 from memctl.registry import Registry
-from memctl.serve.chat import Chat, ChatSettings
+from memctl.serve.chat import Chat, ChatSettings, describe
 from memctl.serve.session import BankSession
 from memctl.train.run import train
 
@@ -110,7 +110,10 @@ def test_chat_streams_the_mixed_answer(home: Path, bank: Registry) -> None:
         turn = chat.turn(QUERIES[1], pieces.append)
         assert "".join(pieces).strip() == turn.reply
         assert turn.reply == s.generate([QUERIES[1]], max_new_tokens=5, chat=True)[0].text.strip()
-        assert turn.blocks  # memories were fetched, so the mixture ran
+        assert turn.blocks and turn.anchor_mix == 0.5  # memories were fetched, so the mixture ran
+        assert "anchor mix 0.5" in describe(turn)
+        alone = chat.turn(QUERIES[1], settings=ChatSettings(mode="none", max_new_tokens=5), history=[])
+        assert alone.anchor_mix == 0.0 and "anchor mix" not in describe(alone)
 
 
 def test_losses_score_the_mixture_and_the_anchor_alone_unmixed(home: Path, bank: Registry) -> None:
@@ -139,6 +142,9 @@ def test_cli_anchor_mix(home: Path, bank: Registry, tmp_path: Path) -> None:
                               "--min-relevance", "0", "--max-new-tokens", "3"])  # fmt: skip
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["anchor_mix"] == 0.5
+    line = runner.invoke(app, ["ask", QUERIES[1], "--bank", "s", "--anchor-mix", "0.5", "--min-relevance", "0",
+                               "--max-new-tokens", "3"])  # fmt: skip
+    assert line.exit_code == 0 and "anchor mix 0.5" in line.stderr
     bad = runner.invoke(app, ["ask", QUERIES[1], "--bank", "s", "--anchor-mix", "2"])
     assert bad.exit_code == 2 and "--anchor-mix" in bad.stderr and "Traceback" not in bad.output
     probes = tmp_path / "probes.jsonl"

@@ -81,6 +81,8 @@ def ask(
         where = f"path {'/'.join(map(str, d['path']))}, blocks {served}"
         if d["withheld"]:
             where += f" (withheld: {', '.join(d['withheld'])})"
+        if d["anchor_mix"]:
+            where += f", anchor mix {d['anchor_mix']:g}"
     r = d["retrieved"]
     if rag and not d["unrelated"]:
         where += (

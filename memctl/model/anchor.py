@@ -296,6 +296,7 @@ def generate(
     max_new_tokens: int,
     anchor_mix: float = 0.0,
     streamer: Any = None,
+    min_new_tokens: int | None = None,
 ) -> torch.Tensor:
     """Greedy generation of a tokenized batch (`enc`: input_ids, attention_mask on the model's device);
     row i uses the blocks `fetched` gives row i. With `anchor_mix` w > 0 and memories fetched, each
@@ -321,6 +322,7 @@ def generate(
             top_p=None,
             top_k=None,
             streamer=streamer,
+            min_new_tokens=min_new_tokens,
             **kw,
         )
     return out[:batch]

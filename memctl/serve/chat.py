@@ -59,6 +59,7 @@ class Turn:
     tokens: int = 0
     store: dict[str, int] = field(default_factory=dict)  # this turn's block-store hits, misses, bytes read
     unrelated: bool = False  # the relevance gate found the routed text unrelated: nothing fetched or retrieved
+    anchor_mix: float = 0.0  # the anchor's share of each next-token distribution (memctl.model.mix); 0: none
 
 
 class _Stream(TextStreamer):
@@ -191,6 +192,7 @@ class Chat:
             stream.tokens,
             store,
             gated,
+            s.anchor_mix if used else 0.0,
         )
         if remember:
             self.history.append(turn)
@@ -218,6 +220,7 @@ def describe(turn: Turn) -> str:
         what = f"fetched {nodes}" + (f"; withheld {', '.join(turn.withheld)}" if turn.withheld else "")
     else:
         what = {"generic": "generic memory", "none": "anchor alone"}[st.mode]
+    what += f"; anchor mix {turn.anchor_mix:g}" if turn.anchor_mix else ""
     if st.rag and not turn.unrelated:
         r = turn.retrieved
         what += f"; RAG: {r['doc_id']} ({r['title']})" if r else "; RAG: nothing in the routed subtree"
