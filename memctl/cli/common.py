@@ -94,8 +94,8 @@ AnchorMixOpt = Annotated[
     float | None,
     typer.Option(
         help="The anchor's share (0 to 1) of each next-token distribution where memories are fetched: "
-        "(1-w) p(memories) + w p(anchor), which keeps memories from rewriting text they do not cover "
-        "(default: memctl's, docs/corpora.md; 0: memories alone). Costs a second batch row per answer.",
+        "(1-w) p(memories) + w p(anchor). Keeps memories from rewriting near-domain text they do not cover, "
+        "at a cost in recalled facts (docs/corpora.md); default 0, the memories alone. Doubles the batch.",
     ),
 ]
 Int8Opt = Annotated[

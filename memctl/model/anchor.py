@@ -336,7 +336,7 @@ class FirstRows:
         self.rows = rows
 
     def put(self, value: torch.Tensor) -> None:
-        self.streamer.put(value[: self.rows] if value.dim() > 1 else value.view(-1, 1)[: self.rows].view(-1))
+        self.streamer.put(value[: self.rows])  # the prompt's (B, T) ids, then each step's (B,) tokens
 
     def end(self) -> None:
         self.streamer.end()
