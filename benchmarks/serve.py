@@ -203,7 +203,8 @@ def main() -> None:
     }
 
     parts = {int(x) for x in a.parts.split(",")}
-    work = Path(tempfile.mkdtemp(prefix="memctl-serve-", dir=ROOT / "demo-out"))
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="memctl-serve-", dir=Path(a.out).parent))  # synthetic banks, removed after
     fetched_bytes = 4 * cfg.memory.fetched_params
     mib = 2**20
     try:
