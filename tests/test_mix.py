@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from memctl.build.ingest import ingest
 from memctl.cli import app
+from memctl.core.config import TrainConfig
 from memctl.core.errors import InputError
 from memctl.eval.perplexity import token_losses
 from memctl.model.anchor import left_padded
@@ -158,3 +159,45 @@ def test_cli_anchor_mix(home: Path, bank: Registry, tmp_path: Path) -> None:
     m = json.loads(mixed.stdout)
     assert m["run"] != first["run"] and not m["resumed"] and m["params"]["anchor_mix"] == 0.5
     assert "anchor_mix" not in first["params"]
+
+
+def test_kd_and_lm_losses_train_the_mixture(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a share w, the student whose loss is taken is (1 - w) p(memories) + w p(anchor); the
+    anchor's logits carry no gradient."""
+    import memctl.train.batches as batches
+
+    torch.manual_seed(0)
+    student = torch.nn.Linear(1, 1)  # stands for the model: its logits at position t are w[t]
+    student.w = torch.nn.Parameter(torch.randn(4, 30) * 2)
+    anchor = torch.randn(4, 30) * 2
+    monkeypatch.setattr(batches, "logits_at", lambda model, ids, mask, rows, cols, *rest: model.w[cols])
+    pos = torch.stack([torch.zeros(4, dtype=torch.long), torch.arange(4)], 1)
+    top = torch.randn(4, 30).log_softmax(-1).topk(5, dim=-1)
+    mixed = mixed_logprobs(student.w, anchor, 0.4)
+    want = -(top.values.softmax(-1) * mixed.gather(1, top.indices)).sum(-1).mean()
+    got = batches.kd_loss(student, torch.zeros(1, 4), torch.ones(1, 4), pos, top.indices, top.values,
+                          anchor_logits=anchor, mix=0.4)  # fmt: skip
+    assert torch.allclose(got, want)
+    got.backward()
+    assert student.w.grad is not None and student.w.grad.abs().sum() > 0
+    labels = torch.tensor([[5, 6, 7, 8, 9]])
+    lm = batches.lm_loss(student, torch.zeros(1, 5), torch.ones(1, 5), labels, anchor_logits=anchor, mix=0.4)
+    assert torch.allclose(lm, -mixed[torch.arange(4), labels[0, 1:]].mean())
+    with pytest.raises(InputError, match="--anchor-mix"):
+        TrainConfig(anchor_mix=1.0).validate()
+
+
+def test_a_bank_trained_for_the_mixture_serves_it(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    """`train --anchor-mix w` trains through the mixture (held-out scoring included) and the bank then
+    serves with w unless told otherwise; a bank trained without it serves the memories alone."""
+    ingest("m", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    res = train("m", {"epochs": 2, "batch_size": 2, "anchor_mix": 0.5}, home=home)
+    assert res.units and all(u.steps > 0 for u in res.units)
+    with BankSession("m", home) as s, BankSession("m", home, anchor_mix=0.0) as s0:
+        assert s.anchor_mix == 0.5 and s0.anchor_mix == 0.0
+    plain = runner.invoke(app, ["ask", QUERIES[1], "--bank", "m", "--json", "--min-relevance", "0",
+                                "--max-new-tokens", "2"])  # fmt: skip
+    assert plain.exit_code == 0, plain.output
+    assert json.loads(plain.stdout)["anchor_mix"] == 0.5
+    bad = runner.invoke(app, ["train", "--bank", "m", "--anchor-mix", "1", "--retrain"])
+    assert bad.exit_code == 2 and "--anchor-mix" in bad.stderr

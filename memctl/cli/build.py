@@ -177,6 +177,14 @@ def train(
             "(needs --study; the states are sampled with the continuations; default 0: off)."
         ),
     ] = None,
+    anchor_mix: Annotated[
+        float | None,
+        typer.Option(
+            help="Train the memories for serving mixed with the anchor: the student is (1-w) p(memories) + "
+            "w p(anchor), and the bank's answers then mix by w unless `--anchor-mix` says otherwise "
+            "(0 to below 1; default 0: the memories alone; costs an extra anchor pass per step)."
+        ),
+    ] = None,
     subtree: Annotated[int | None, typer.Option(help="Train only this level-1 subtree (an isolated unit).")] = None,
     retrain: Annotated[bool, typer.Option(help="Retrain units that are already trained.")] = False,
     restart: Annotated[bool, typer.Option(help="Drop interrupted checkpoints and start over.")] = False,
@@ -231,6 +239,7 @@ def train(
         "questions": questions,
         "study": study,
         "match_hidden": match_hidden,
+        "anchor_mix": anchor_mix,
     }
     if out_dir is not None or generic:
         train_out_command(bank, out_dir, overrides, subtree, generic, restart, as_json, dp, device, dtype)

@@ -106,6 +106,9 @@ class TrainConfig:
     # weight of deep context distillation (Knowledge Modules, Caccia et al. 2025): on self-study continuations the
     # student also matches the open-book teacher's hidden states at a few memory layers; 0: off (logits only)
     match_hidden: float = 0.0
+    # the anchor's share of the student's next-token distribution in training (memctl.model.mix): the memories
+    # learn what (1 - w) p(memories) + w p(anchor) must say, and the bank then serves that mixture by default
+    anchor_mix: float = 0.0
 
     def validate(self) -> None:
         if not 1 <= self.epochs <= MAX_EPOCHS:
@@ -132,6 +135,8 @@ class TrainConfig:
             raise InputError(f"--match-hidden must be between 0 and {MAX_MATCH_HIDDEN:g}, got {self.match_hidden}")
         if self.match_hidden > 0 and self.study == 0:
             raise InputError("--match-hidden needs --study N: it matches the teacher's hidden states on self-study")
+        if not 0 <= self.anchor_mix < 1:  # NaN fails too; at 1 the memories would learn nothing
+            raise InputError(f"--anchor-mix must be at least 0 and below 1 for training, got {self.anchor_mix}")
         if self.objective not in ("lm", "distill", "mix"):
             raise InputError(f"--objective must be lm, distill or mix, got {self.objective!r}")
 
@@ -179,6 +184,7 @@ def train_config_from_json(text: str) -> TrainConfig:
     d.setdefault("questions", 0)
     d.setdefault("study", 0)
     d.setdefault("match_hidden", 0.0)
+    d.setdefault("anchor_mix", 0.0)
     return TrainConfig(**d)
 
 

@@ -28,6 +28,7 @@ from torch import nn
 
 from ..build.embed import Embedder, get_embedder
 from ..build.routing import Router
+from ..core.config import train_config_from_json
 from ..core.errors import AnchorError, BankStateError, InputError
 from ..core.placement import Placement
 from ..core.relevance import below_floor, gate, sample_ids
@@ -99,10 +100,12 @@ class Memories:
             raise InputError("--cache-mb must be non-negative")
         if min_relevance is not None and not 0 <= min_relevance <= 1:
             raise InputError(f"--min-relevance is a cosine similarity floor in [0, 1] (0: off), got {min_relevance}")
-        self.anchor_mix = check_mix(DEFAULT_ANCHOR_MIX if anchor_mix is None else anchor_mix)
+        if anchor_mix is not None:
+            check_mix(anchor_mix)
         self.home = home or memctl_home()
         self.reg = Registry.open(name, self.home)
         self.cfg = self.reg.config
+        self.anchor_mix = check_mix(self.trained_mix() if anchor_mix is None else anchor_mix)
         if self.reg.count("windows") == 0:
             raise BankStateError(f"bank {name!r} has no documents")
         self.embedder: Embedder = get_embedder(self.cfg.embedder)
@@ -114,6 +117,12 @@ class Memories:
         self._router_version: tuple[int, int] | None = None
         self._handle: MemoryHandle | None = None
         self._floor = min_relevance
+
+    def trained_mix(self) -> float:
+        """The anchor's share the bank's memories were trained to be served with (`train --anchor-mix`;
+        memctl's default for a bank never trained)."""
+        row = self.reg.db.execute("select config from runs where status = 'done' order by id desc limit 1").fetchone()
+        return train_config_from_json(row[0]).anchor_mix if row else DEFAULT_ANCHOR_MIX
 
     # ---- attaching ------------------------------------------------------------------------------
     def attach(self, model: nn.Module) -> Memories:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 
 from ..core.config import TrainConfig
 from ..model.anchor import Anchor
+from ..model.mix import mixed_logprobs
 from ..model.prefix import CACHE_BYTES, layer_outputs, logits_at, prefix_states, suffix_matches
 from ..registry import Registry
 from .kinds import untrained_kinds
@@ -73,6 +75,8 @@ def kd_loss(
     start: int = 0,
     split_head: bool = True,
     tail: bool = False,
+    anchor_logits: torch.Tensor | None = None,
+    mix: float = 0.0,
 ) -> torch.Tensor:
     """Cross-entropy of the student against the teacher's top-k (= KL up to the teacher's entropy).
     positions (N, 2) = (row, t); topk_* (N, k), the teacher's true log-probabilities.
@@ -80,10 +84,12 @@ def kd_loss(
     tail=False: against the renormalised top-k, which sharpens the student onto the teacher's
     candidates (answers). tail=True: the top-k plus one bucket for all other tokens, with their mass
     on both sides: the student matches the teacher's whole distribution, its spread included
-    (preservation: renormalising there would make every token outside the top-k less likely)."""
+    (preservation: renormalising there would make every token outside the top-k less likely).
+    With `mix` > 0 the student is (1 - mix) p(memories) + mix p(anchor), `anchor_logits` (N, V) at the
+    same positions without memories (memctl.model.mix)."""
     logits = logits_at(model, ids, mask, positions[:, 0], positions[:, 1], states, start, split_head)  # (N, V)
     topk_idx, topk_logp = topk_idx.to(logits.device), topk_logp.to(logits.device)
-    logp_s = F.log_softmax(logits.float(), -1).gather(1, topk_idx)  # (N, k)
+    logp_s = student_logp(logits, anchor_logits, mix).gather(1, topk_idx)  # (N, k)
     if not tail:
         p_t = F.softmax(topk_logp, -1)
         return -(p_t * logp_s).sum(-1).mean()
@@ -91,6 +97,13 @@ def kd_loss(
     rest_t = (1.0 - p_t.sum(-1)).clamp_min(0.0)
     rest_s = torch.log1p(-logp_s.exp().sum(-1).clamp(max=1.0 - 1e-6))
     return (-(p_t * logp_s).sum(-1) - rest_t * rest_s).mean()
+
+
+def student_logp(logits: torch.Tensor, anchor_logits: torch.Tensor | None, mix: float) -> torch.Tensor:
+    """The student's log-probabilities (N, V): the memories' own, or mixed with the anchor's."""
+    if mix > 0 and anchor_logits is not None:
+        return mixed_logprobs(logits, anchor_logits.to(logits.device), mix)
+    return F.log_softmax(logits.float(), -1)
 
 
 def _left_out(questions: bool, study: bool) -> str:
@@ -249,15 +262,28 @@ def batch_loss(
     split_head: bool,
     hidden_layers: Sequence[int] = (),
     hidden_weight: float = 0.0,
+    mix: float = 0.0,
+    anchor_alone: Callable[[], AbstractContextManager[Any]] | None = None,
 ) -> torch.Tensor:
     """The batch's loss: next-token for windows, distillation for prompts; plus, with `hidden_weight`,
-    that weight times `hidden_loss` on the samples that carry the teacher's hidden states."""
+    that weight times `hidden_loss` on the samples that carry the teacher's hidden states. With `mix`,
+    the student is the mixture with the anchor, whose logits come from a pass under `anchor_alone()`
+    (a context in which the model fetches no memory)."""
+
+    def anchor_at(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor | None:
+        if mix <= 0 or anchor_alone is None:
+            return None
+        with torch.no_grad(), anchor_alone():
+            return logits_at(model, ids, mask, rows, cols, states, start, split_head)
+
     if batch[0].kind == "lm":  # "kd" and "keep" share the distillation loss
-        return lm_loss(model, ids, mask, labels, states, start, split_head)
+        rows, cols = (labels[:, 1:] != -100).nonzero(as_tuple=True)
+        return lm_loss(model, ids, mask, labels, states, start, split_head, anchor_at(rows, cols), mix)
     pos, idx, logp = kd_targets(batch)
+    anchor_logits = anchor_at(pos[:, 0], pos[:, 1])
     deep = hidden_weight > 0 and bool(hidden_layers) and any(s.hidden is not None for s in batch)
     with layer_outputs(model, hidden_layers if deep else ()) as outs:
-        loss = kd_loss(model, ids, mask, pos, idx, logp, states, start, split_head, tail=batch[0].keep)
+        loss = kd_loss(model, ids, mask, pos, idx, logp, states, start, split_head, batch[0].keep, anchor_logits, mix)
     if deep:
         loss = loss + hidden_weight * hidden_loss(batch, [outs[i] for i in hidden_layers])
     return loss
@@ -288,11 +314,14 @@ def lm_loss(
     states: torch.Tensor | None = None,
     start: int = 0,
     split_head: bool = False,
+    anchor_logits: torch.Tensor | None = None,
+    mix: float = 0.0,
 ) -> torch.Tensor:
-    """Mean next-token cross-entropy over the labelled positions (see prefix.logits_at)."""
+    """Mean next-token cross-entropy over the labelled positions (see prefix.logits_at), of the memories
+    or of their mixture with the anchor (`kd_loss`)."""
     rows, cols = (labels[:, 1:] != -100).nonzero(as_tuple=True)  # position t predicts token t+1
     logits = logits_at(model, ids, mask, rows, cols, states, start, split_head)  # (N, V)
-    return F.cross_entropy(logits.float(), labels[rows, cols + 1].to(logits.device))
+    return F.nll_loss(student_logp(logits, anchor_logits, mix), labels[rows, cols + 1].to(logits.device))
 
 
 def build_prefix_cache(

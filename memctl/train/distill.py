@@ -29,7 +29,7 @@ from ..build.embed import get_embedder
 from ..build.routing import route_prompts
 from ..core.probes import PROBE_TOKENS, is_correct
 from ..model.anchor import Anchor, greedy
-from ..model.prefix import on_model
+from ..model.prefix import logits_at, on_model
 from ..registry import Registry
 from .batches import Sample, _teacher, collate, kd_loss, kd_targets
 from .coverage import bank_coverage
@@ -288,19 +288,24 @@ def heldout_prompts(reg: Registry, unit: str, limit: int = 64, exclude: frozense
     return HeldOut([r["text"] for r in rows], [r["answer"] for r in rows], paths, teacher)
 
 
-def heldout_accuracy(anchor: Anchor, handle: Any, unit: Any, params: Any, held: HeldOut, batch: int = 16) -> float:
-    """Share of held-out prompts whose answer the unit's current blocks produce (8 greedy tokens)."""
+def heldout_accuracy(
+    anchor: Anchor, handle: Any, unit: Any, params: Any, held: HeldOut, batch: int = 16, mix: float = 0.0
+) -> float:
+    """Share of held-out prompts whose answer the unit's current blocks produce (8 greedy tokens),
+    served as the bank will serve them (mixed with the anchor by `mix`)."""
 
     correct = 0
     for s in range(0, len(held.prompts), batch):
         fetched = params.fetched(unit.local_index(held.paths[s : s + batch]))
-        answers = greedy(anchor, handle, held.prompts[s : s + batch], fetched, PROBE_TOKENS)
+        answers = greedy(anchor, handle, held.prompts[s : s + batch], fetched, PROBE_TOKENS, mix)
         correct += sum(is_correct(a, [g]) for a, g in zip(answers, held.answers[s : s + batch], strict=True))
     return correct / len(held.prompts)
 
 
 @torch.no_grad()
-def heldout_loss(anchor: Anchor, handle: Any, unit: Any, params: Any, held: HeldOut, batch: int = 16) -> float | None:
+def heldout_loss(
+    anchor: Anchor, handle: Any, unit: Any, params: Any, held: HeldOut, batch: int = 16, mix: float = 0.0
+) -> float | None:
     """The distillation loss (cross-entropy to the cached teacher's top-k, as in training) on the
     held-out prompts' answer tokens with the unit's current blocks; None without a teacher cache.
     Unlike accuracy on a few dozen prompts, it moves with every prompt's answer, right or wrong."""
@@ -312,8 +317,14 @@ def heldout_loss(anchor: Anchor, handle: Any, unit: Any, params: Any, held: Held
         chunk = held.teacher[s : s + batch]
         ids, mask, _ = collate(chunk, anchor.tokenizer.pad_token_id)
         positions, idx, logp = kd_targets(chunk)
+        alone = None
+        if mix > 0:
+            with handle.using(None):
+                alone = logits_at(anchor.model, ids, mask, positions[:, 0], positions[:, 1], split_head=False)
         with handle.using(params.fetched(unit.local_index([c.path for c in chunk]))):
-            loss = kd_loss(anchor.model, ids, mask, positions, idx, logp, split_head=False)
+            loss = kd_loss(
+                anchor.model, ids, mask, positions, idx, logp, split_head=False, anchor_logits=alone, mix=mix
+            )
         total += float(loss) * positions.shape[0]
         n += positions.shape[0]
     return total / n

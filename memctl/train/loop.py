@@ -206,7 +206,7 @@ def train_unit(
         mine = batch if dp is None else [samples[i] for i in dp.shard(batch_idx)]
         loss_value = 0.0
         if mine:
-            loss = _loss(anchor, handle, unit, params, mine, pad, start, split_head, deep)
+            loss = _loss(anchor, handle, unit, params, mine, pad, start, split_head, deep, tcfg.anchor_mix)
             if dp is not None:  # this rank's share of the batch's mean: the group's sum is the mean
                 loss = loss * (loss_positions(mine) / loss_positions(batch))
             loss.backward()
@@ -232,8 +232,8 @@ def train_unit(
         if epoch_done and heldout:
             score = (
                 (
-                    heldout_accuracy(anchor, handle, unit, params, heldout),
-                    heldout_loss(anchor, handle, unit, params, heldout),
+                    heldout_accuracy(anchor, handle, unit, params, heldout, mix=tcfg.anchor_mix),
+                    heldout_loss(anchor, handle, unit, params, heldout, mix=tcfg.anchor_mix),
                 )
                 if lead
                 else None
@@ -300,6 +300,7 @@ def _loss(
     start: int,
     split_head: bool,
     deep: tuple[tuple[int, ...], float] = ((), 0.0),
+    mix: float = 0.0,
 ) -> torch.Tensor:
     """The batch's mean loss with each sample's own blocks fetched (from the cached prefix states
     when memories start past layer 0); `deep` = (layers, weight) of the hidden-state term."""
@@ -311,7 +312,9 @@ def _loss(
         for i, smp in enumerate(batch):
             states[i, : len(smp.ids)] = smp.states
     with handle.using(params.fetched(unit.local_index([s.path for s in batch]))):
-        return batch_loss(anchor.model, batch, ids, mask, labels, states, start, split_head, *deep)
+        return batch_loss(
+            anchor.model, batch, ids, mask, labels, states, start, split_head, *deep, mix, lambda: handle.using(None)
+        )
 
 
 def _ends(losses: dict[str, list[float]]) -> tuple[float, float]:
