@@ -127,9 +127,9 @@ def test_each_setup_changes_what_the_model_sees(home: Path, bank: Registry, monk
     seen: dict[str, list] = {}
     real = ev.greedy
 
-    def spy(anchor, handle, texts, fetched, n):  # noqa: ANN001, ANN202
+    def spy(anchor, handle, texts, fetched, n, mix=0.0):  # noqa: ANN001, ANN202
         seen.setdefault(current[0], []).append((list(texts), fetched))
-        return real(anchor, handle, texts, fetched, n)
+        return real(anchor, handle, texts, fetched, n, mix)
 
     current = [""]
     monkeypatch.setattr(ev, "greedy", spy)

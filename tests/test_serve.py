@@ -76,9 +76,9 @@ def test_rag_puts_the_window_in_the_prompt(home: Path, bank: Registry, monkeypat
     seen: list[list[str]] = []
     real = serve.greedy
 
-    def spy(anchor, handle, texts, fetched, n):  # noqa: ANN001, ANN202
+    def spy(anchor, handle, texts, fetched, n, mix=0.0):  # noqa: ANN001, ANN202
         seen.append(list(texts))
-        return real(anchor, handle, texts, fetched, n)
+        return real(anchor, handle, texts, fetched, n, mix)
 
     monkeypatch.setattr(serve, "greedy", spy)
     with BankSession("s", home) as s:
