@@ -95,7 +95,8 @@ AnchorMixOpt = Annotated[
     typer.Option(
         help="The anchor's share (0 to 1) of each next-token distribution where memories are fetched: "
         "(1-w) p(memories) + w p(anchor). Keeps memories from rewriting near-domain text they do not cover, "
-        "at a cost in recalled facts (docs/corpora.md); default 0, the memories alone. Doubles the batch.",
+        "at a cost in recalled facts (docs/corpora.md); default: the share the bank was trained for "
+        "(`train --anchor-mix`), else 0, the memories alone. Doubles the batch.",
     ),
 ]
 Int8Opt = Annotated[

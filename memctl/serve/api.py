@@ -79,9 +79,9 @@ class Memories:
     blocks as int8 weights (a float32 model on the CPU; see memory.pack_int8); `min_relevance`: the
     relevance gate's floor (memctl.core.relevance; None: calibrated on the bank's windows, 0: off), below
     which a routed context fetches nothing and the anchor answers alone; `anchor_mix`: the anchor's share
-    of each next-token distribution where memories are fetched (memctl.model.mix; None: memctl's
-    default), in memctl's own
-    generation and scoring (BankSession); a model you generate with yourself gets the memories alone."""
+    of each next-token distribution where memories are fetched (memctl.model.mix; None: the share the
+    bank was trained for, 0 unless `train --anchor-mix`), in memctl's own generation and scoring
+    (BankSession); a model you generate with yourself gets the memories alone."""
 
     def __init__(
         self,
