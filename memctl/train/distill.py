@@ -29,9 +29,9 @@ from ..build.embed import get_embedder
 from ..build.routing import route_prompts
 from ..core.probes import PROBE_TOKENS, is_correct
 from ..model.anchor import Anchor, greedy
-from ..model.prefix import logits_at, on_model
+from ..model.prefix import on_model
 from ..registry import Registry
-from .batches import Sample, _teacher, collate, kd_loss, kd_targets
+from .batches import Sample, _teacher, batch_loss, collate, loss_positions
 from .coverage import bank_coverage
 from .kinds import QUESTION
 from .prompts import joins_without_space, prompts_for
@@ -307,24 +307,20 @@ def heldout_loss(
     anchor: Anchor, handle: Any, unit: Any, params: Any, held: HeldOut, batch: int = 16, mix: float = 0.0
 ) -> float | None:
     """The distillation loss (cross-entropy to the cached teacher's top-k, as in training) on the
-    held-out prompts' answer tokens with the unit's current blocks; None without a teacher cache.
-    Unlike accuracy on a few dozen prompts, it moves with every prompt's answer, right or wrong."""
+    held-out prompts' answer tokens with the unit's current blocks (mixed with the anchor by `mix`, as
+    trained); None without a teacher cache. Unlike accuracy on a few dozen prompts, it moves with
+    every prompt's answer, right or wrong."""
 
     if not held.teacher:
         return None
     total, n = 0.0, 0
     for s in range(0, len(held.teacher), batch):
         chunk = held.teacher[s : s + batch]
-        ids, mask, _ = collate(chunk, anchor.tokenizer.pad_token_id)
-        positions, idx, logp = kd_targets(chunk)
-        alone = None
-        if mix > 0:
-            with handle.using(None):
-                alone = logits_at(anchor.model, ids, mask, positions[:, 0], positions[:, 1], split_head=False)
-        with handle.using(params.fetched(unit.local_index([c.path for c in chunk]))):
-            loss = kd_loss(
-                anchor.model, ids, mask, positions, idx, logp, split_head=False, anchor_logits=alone, mix=mix
-            )
-        total += float(loss) * positions.shape[0]
-        n += positions.shape[0]
+        ids, mask, labels = collate(chunk, anchor.tokenizer.pad_token_id)
+        with handle.using(params.fetched(unit.local_index([c.path for c in chunk]))):  # the training loss, whole pass
+            loss = batch_loss(anchor.model, chunk, ids, mask, labels, None, 0, False, mix=mix,
+                              anchor_alone=lambda: handle.using(None))  # fmt: skip
+        positions = loss_positions(chunk)
+        total += float(loss) * positions
+        n += positions
     return total / n
