@@ -1,8 +1,9 @@
 """Prompts about a window, generated from the window itself (pure text; no labels, no models).
 
 * cloze: a statement of the window cut just before a salient span, with the statement's subject
-  made explicit (a leading pronoun or a bare participle gets the subject; a statement that never
-  names it is prefixed "<S>: "); the span is the answer. Salient spans, meant for any style of text:
+  made explicit (a leading pronoun or a bare participle gets the subject, a question's first pronoun
+  is replaced by it, a statement that never names it is prefixed "<S>: "); the span is the answer,
+  unless it is the subject itself or part of a short subject's name. Salient spans, meant for any style of text:
     - numbers, including either end of a range ("(1801-1882)") and the parts of a date;
     - whole dates in any common form ("14 March 1962", "March 14, 1962", "1962-03-14");
     - names (two or more Capitalised words), and one Capitalised word inside a parenthetical
@@ -96,6 +97,7 @@ _STOP = {
     "some",
 }
 MIN_PREFIX_WORDS = 3
+MAX_NAME_WORDS = 4  # a subject this short is a name: no part of it is an answer
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,35 @@ def _explicit_subject(prefix: str, subject: str) -> str:
     if first.endswith("ed") and first[:1].isupper() and subject.lower() not in prefix.lower():
         return f"{subject} was {first.lower()}{prefix[len(first) :]}"
     return prefix
+
+
+_QUESTION_PRONOUN = re.compile(r"\b(it|he|she|they|him|them|its|his|their|her)\b(\s+\w)?", re.IGNORECASE)
+
+
+def _with_subject(prompt: str, subject: str) -> str:
+    """A prompt that names its subject: as it is when it does; a question ("Q: Who founded it? A:") with
+    its first pronoun replaced ("Q: Who founded Quorvane? A:"); anything else prefixed "<S>: "."""
+    if not subject or subject.lower() in prompt.lower():
+        return prompt
+    qa = re.match(r"(Q: )(.+?\?)( A:.*)$", prompt)
+    m = _QUESTION_PRONOUN.search(qa.group(2)) if qa else None
+    if qa and m:
+        word = m.group(1).lower()
+        # "her" before a word is possessive ("her date of birth"), at the end an object ("who employs her")
+        owner = word in ("its", "his", "their") or (word == "her" and m.group(2) is not None)
+        q = qa.group(2)
+        q = q[: m.start(1)] + (f"{subject}'s" if owner else subject) + q[m.end(1) :]
+        return f"{qa.group(1)}{q}{qa.group(3)}"
+    return f"{subject}: {prompt}"
+
+
+def _names_subject(answer: str, subject: str) -> bool:
+    """Whether an answer is the subject, or a part of a short subject's name ("68" of "ALGOL 68"); a long
+    subject (a plain text's first line) is no name, and its words can be real answers."""
+    a, s = answer.strip().lower(), subject.strip().lower()
+    return bool(s) and (
+        a == s or (len(s.split()) <= MAX_NAME_WORDS and re.search(rf"\b{re.escape(a)}\b", s) is not None)
+    )
 
 
 def _spans(sentence: str) -> list[tuple[int, int]]:
@@ -201,8 +232,11 @@ def prompts_for(text: str, subject: str, max_per_window: int = 48) -> list[Promp
         value_at = -1
         if field and subject:
             key, value = field
-            add("cloze", key if key.startswith("Q: ") else f"{subject}, {key.lower()}:", value, min_words=2)
             value_at = sent.rfind(value)
+            # a header line ("Quorvane: questions and answers") or an answer that only names the subject
+            if key.lower() != subject.lower() and not _names_subject(value, subject):
+                add("cloze", _with_subject(key, subject) if key.startswith("Q: ") else f"{subject}, {key.lower()}:",
+                    value, min_words=2)  # fmt: skip
         for s, e in _spans(sent):
             if s == value_at:  # the field's value: asked above, with its key
                 continue
@@ -212,11 +246,9 @@ def prompts_for(text: str, subject: str, max_per_window: int = 48) -> list[Promp
             ranged = re.search(r"\d{4}\s*[-\u2013]$", prefix) and re.fullmatch(r"\d{4}", answer)
             if len(prefix.split()) < 2 or (prefix.endswith(("-", "/", "\u2013")) and not ranged):
                 continue
-            if answer.lower() in prefix.lower():
-                continue
-            cloze = _explicit_subject(prefix, subject) if subject else prefix
-            if subject and subject.lower() not in cloze.lower():
-                cloze = f"{subject}: {cloze}"
+            if answer.lower() in prefix.lower() or _names_subject(answer, subject):
+                continue  # an answer the prompt already gives, or the subject itself
+            cloze = _with_subject(_explicit_subject(prefix, subject) if subject else prefix, subject)
             add("cloze", cloze, answer)
             if not subject:
                 continue
