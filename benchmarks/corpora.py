@@ -26,7 +26,7 @@ outside the subtree meet untrained blocks and count as they come out, so the ove
 lower bound; each setup's accuracy on the probes routed into their document's leaf is kept too.
 
     python benchmarks/corpora.py [--corpora elements,fictional,foldoc] [--variants cloze,study2]
-        [--subtree N] [--routing nearest|tree] [--memory-layers all|last:N]
+        [--subtree N] [--routing nearest|tree] [--memory-layers all|last:N] [--ranks R1,R2]
         [--train-args "..."] [--eval-args "--anchor-mix 0.5"]
         [--entities 300] [--limit N] [--out demo-out/corpora] [--fresh]
 """
@@ -112,7 +112,7 @@ def setups_of(out: str) -> dict[str, dict[str, Any]]:
 
 
 def prepare_base(
-    corpus: str, data: Path, base: Path, log: Path, pool: int, routing: str, layers: str
+    corpus: str, data: Path, base: Path, log: Path, pool: int, routing: str, layers: str, ranks: str = ""
 ) -> dict[str, float]:
     """A bank ingested once per corpus, with its cloze prompts, their teacher cache and the preservation
     pool: what every variant shares, made once (variants copy it). Returns seconds per step."""
@@ -123,7 +123,7 @@ def prepare_base(
     env = dict(os.environ, MEMCTL_HOME=str(base))
     t0 = time.perf_counter()
     memctl(env, log, "ingest", str(data / CORPORA[corpus][1]), "--id-field", "id", "--bank", corpus,
-           "--memory-layers", layers, "--routing", routing)  # fmt: skip
+           "--memory-layers", layers, "--routing", routing, *(["--ranks", ranks] if ranks else []))  # fmt: skip
     ingest_s = time.perf_counter() - t0
     from memctl.cli.common import Rates
     from memctl.registry import Registry
@@ -343,6 +343,9 @@ def main() -> None:
     ap.add_argument(
         "--memory-layers", default="all", help="the banks' memory layers (ingest --memory-layers; all is memctl's)"
     )
+    ap.add_argument(
+        "--ranks", default="", help="the banks' memory neurons per level (ingest --ranks; default: memctl's)"
+    )
     ap.add_argument("--train-args", default="", help="more `memctl train` options for every variant, quoted")
     ap.add_argument(
         "--eval-args",
@@ -380,11 +383,13 @@ def main() -> None:
         if "--preserve-pool" in extra:
             pool = int(extra[extra.index("--preserve-pool") + 1])
         layers = "" if a.memory_layers == "last:10" else f"-layers{a.memory_layers.replace(':', '')}"
+        layers += f"-ranks{a.ranks.replace(',', '-')}" if a.ranks else ""
         base = out / "homes" / f"{corpus}-{a.routing}-base-pool{pool}{layers}"
         for variant in variants:
             key = f"{corpus}/{variant}/{a.routing}" + (f"/subtree{a.subtree}" if a.subtree is not None else "")
             key += f" {a.train_args}" if a.train_args else ""
-            key += f" --memory-layers {a.memory_layers}" if layers else ""
+            key += f" --memory-layers {a.memory_layers}" if a.memory_layers != "last:10" else ""
+            key += f" --ranks {a.ranks}" if a.ranks else ""
             home = out / "homes" / key.replace("/", "-").replace(" ", "")
             trained = rows.get(key) if a.eval_args and (home / "banks" / corpus).is_dir() else None
             key += f" eval {a.eval_args}" if a.eval_args else ""
@@ -393,13 +398,14 @@ def main() -> None:
                 continue
             console.rule(key)
             t0 = time.perf_counter()
-            shared = prepare_base(corpus, data, base, log, pool, a.routing, a.memory_layers)
+            shared = prepare_base(corpus, data, base, log, pool, a.routing, a.memory_layers, a.ranks)
             rows[key] = score(corpus, variant, base, data, home, log, a.subtree, a.limit, a.train_args.split(),
                               a.eval_args.split(), trained)  # fmt: skip
             rows[key]["seconds"].update({f"shared_{k}": v for k, v in shared.items()})
             rows[key]["seconds"]["total"] = time.perf_counter() - t0 + sum(shared.values())
             rows[key]["commit"] = commit()
             rows[key]["memory_layers"] = a.memory_layers
+            rows[key]["ranks"] = a.ranks or "default"
             state_file.write_text(json.dumps(rows, indent=2))
             console.print(table({key: rows[key]}))
     console.print(table({k: v for k, v in rows.items() if k.split("/")[0] in corpora}))
