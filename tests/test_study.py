@@ -15,7 +15,7 @@ from memctl.core.tree import route
 from memctl.model.anchor import load_anchor
 from memctl.registry import Registry
 from memctl.train.batches import kd_targets, load_samples, prompt_samples
-from memctl.train.coverage import bank_coverage, content_words, most_covering, window_coverage
+from memctl.train.coverage import bank_coverage, content_words, window_coverage
 from memctl.train.distill import TEACHER_SEPARATOR, TOPK, prepare
 from memctl.train.prompts import prompts_for
 from memctl.train.study import STUDY, pick_seeds, seeds_for, subject_of, teacher_context
@@ -85,21 +85,6 @@ def test_coverage_on_a_hand_made_window() -> None:
     assert window_coverage(window, ["tide engineer", "1962"]) == 3 / 7
     assert window_coverage(window, ["Velma Orrick, born in Brantholm, is a tide engineer since 1962."]) == 1.0
     assert window_coverage("It is what it was.", ["anything"]) is None  # nothing to cover
-
-
-def test_most_covering_keeps_the_continuations_that_cover_what_is_left() -> None:
-    window = "Velma Orrick is a tide engineer. She was born in Brantholm in 1962. Velma Orrick works for Quorvane."
-    candidates = [
-        "Velma Orrick is a tide engineer.",  # orrick x2, velma x2 are known from the cloze answer below
-        "She is a tide engineer born in Brantholm.",  # tide engineer born brantholm: 4 new
-        "Velma Orrick was born in 1962 and works for Quorvane.",  # born 1962 works quorvane: 4 new (a tie)
-        "Something else entirely.",
-    ]
-    known = ["Velma Orrick"]
-    assert most_covering(window, known, candidates, 1) == [1]  # the tie goes to the earlier candidate
-    assert most_covering(window, known, candidates, 2) == [1, 2]  # then 1962 works quorvane: 3 new
-    assert most_covering(window, known, candidates, 4) == [0, 1, 2, 3]  # the rest, once nothing adds more
-    assert most_covering(window, known, candidates[:1], 2) == [0]
 
 
 def _studied(home: Path, corpus: Path, tiny_anchor: Path, per_window: int = 3) -> tuple[Registry, object]:

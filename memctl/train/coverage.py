@@ -9,8 +9,7 @@ function knows no registry; `bank_coverage` reads the bank's windows and trained
 from __future__ import annotations
 
 import re
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,24 +43,6 @@ def window_coverage(window: str, trained: Iterable[str]) -> float | None:
     for t in trained:
         seen.update(content_words(t))
     return sum(w in seen for w in words) / len(words)
-
-
-def most_covering(window: str, known: Iterable[str], candidates: Sequence[str], n: int) -> list[int]:
-    """Indices of `n` candidates (in their order) picked greedily for the window's content tokens they
-    cover that neither `known` (answers already trained) nor an earlier pick covers; a tie goes to the
-    earlier candidate. Candidates that add nothing are still picked once the others are used up."""
-    counts = Counter(content_words(window))
-    seen: set[str] = set()
-    for t in known:
-        seen.update(content_words(t))
-    words = [set(content_words(c)) for c in candidates]
-    left, picked = list(range(len(candidates))), []
-    while left and len(picked) < n:
-        best = max(left, key=lambda i: (sum(counts[w] for w in words[i] - seen), -i))
-        picked.append(best)
-        left.remove(best)
-        seen |= words[best]
-    return sorted(picked)
 
 
 @dataclass

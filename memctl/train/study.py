@@ -4,12 +4,10 @@ No rule about the corpus's style: for every window, a few seed questions name it
 document's title, or the window's opening words) in forms that suit any text ("What are the key
 facts about {S}?", "Tell me about {S}.", ...). The teacher, the frozen anchor with the window in
 its context, samples continuations of each seed with temperature; at every sampled token its own
-top-k next-token distribution is kept. Three times as many continuations are sampled as a window
-keeps; the kept ones are those that cover most of the window's content words not yet covered by its
-cloze answers (memctl.train.coverage.most_covering). The student, the anchor with the memories of
-the seed's own route and no window, later matches those distributions on every token of the
-continuation (memctl.train.distill's `kd_loss`). Continuations are stored as prompts of kind
-`study` with their window and document, so `forget` removes them with the document.
+top-k next-token distribution is kept. The student, the anchor with the memories of the seed's own route and no
+window, later matches those distributions on every token of the continuation (memctl.train.distill's
+`kd_loss`). Continuations are stored as prompts of kind `study` with their window and document,
+so `forget` removes them with the document.
 
 The teacher reads the window and a seed question in one user turn of its chat template, the way a
 user would ask it open book; the student reads the question alone. The window's KV cache is
@@ -35,7 +33,6 @@ from ..build.routing import route_prompts
 from ..model.anchor import Anchor
 from ..model.prefix import layer_outputs, on_model
 from ..registry import Registry
-from .coverage import most_covering
 from .kinds import STUDY
 
 TOPK = 16  # as memctl.train.distill.TOPK: the student's loss reads the same shape
@@ -49,8 +46,7 @@ MAX_SUBJECT_WORDS = 8
 # turn, the student the question alone. Anchors without a chat template continue raw seeds instead.
 # The first ones ask for facts: with them the 135M teacher writes denser continuations ("Rynith Growers is a
 # seed-breeding company founded by Nesisca Gormick in 1985") than after "Tell me about {S}." (which opened
-# more often with invented colour); each window samples a continuation of every seed (OVERSAMPLE x `--study`,
-# cycling) and keeps the `--study` that cover most of it; ties go to the earlier seed (docs/corpora.md)
+# more often with invented colour); `--study 2` takes the first two (docs/corpora.md)
 CHAT_SEEDS = (
     "What are the key facts about {S}?",
     "Summarize everything about {S}, with dates, names and places.",
@@ -60,10 +56,6 @@ CHAT_SEEDS = (
     "Give a short profile of {S}.",
 )
 RAW_SEEDS = ("{S} is", "About {S}:", "{S}:")
-# candidates sampled per continuation kept: a window's candidates decode as one batch on its KV cache,
-# so three times the rows cost ~15% more time (6.2 -> 7.1 s a fictional window, 2 -> 6 rows, 1 thread),
-# and the kept ones are those that cover most of the window (memctl.train.coverage.most_covering)
-OVERSAMPLE = 3
 HIDDEN_LAYERS = 3  # memory layers whose hidden states `train --match-hidden` matches
 _LEAD = re.compile(r"^[\W_]*(.+?)(?:\s+(?:is|was|are|were|has|had)\b|[:(,;.\n|]|$)")
 Progress = Callable[[str, int, int], None]
@@ -248,10 +240,6 @@ def sample_continuations(
     return made
 
 
-# what a window's student already trains on besides self-study: its prompts' answers (held-out ones are not)
-KNOWN_ANSWERS = "select answer from prompts where window_id = ? and kind != ? and held_out = 0"
-
-
 def add_study(
     reg: Registry,
     anchor: Anchor,
@@ -262,10 +250,9 @@ def add_study(
     hidden: bool = False,
 ) -> tuple[int, float]:
     """Self-study continuations for every window that has fewer than `per_window` (its earlier ones
-    are replaced): the `per_window` of `OVERSAMPLE` times as many sampled that cover most of it, each
-    routed from its seed as a user would ask it; with `l1s`, only the windows of those level-1 subtrees
-    (the units being trained). With `hidden`, the teacher's hidden states at `hidden_layers` are kept
-    too, and windows studied without them are studied again.
+    are replaced), each routed from its seed as a user would ask it; with `l1s`, only the windows of
+    those level-1 subtrees (the units being trained). With `hidden`, the teacher's hidden states at
+    `hidden_layers` are kept too, and windows studied without them are studied again.
     Returns (how many, seconds)."""
     if per_window <= 0:
         return 0, 0.0
@@ -292,12 +279,9 @@ def add_study(
     seed_base = int(reg.config.seed)
     total, tokens = 0, 0
     for n, r in enumerate(rows):
-        seeds = pick_seeds(seeds_for(tok, subject_of(r["title"] or "", r["text"])), per_window * OVERSAMPLE)
+        seeds = pick_seeds(seeds_for(tok, subject_of(r["title"] or "", r["text"])), per_window)
         gen = torch.Generator().manual_seed(seed_base * 1_000_003 + int(r["id"]))  # per window: resumable
         conts = sample_continuations(anchor, r["text"], separator, seeds, gen, layers=layers)
-        known = [a for (a,) in reg.db.execute(KNOWN_ANSWERS, [r["id"], STUDY])]
-        texts = [tok.decode(ct.ids[ct.n_prompt :], skip_special_tokens=True) for ct in conts]
-        conts = [conts[i] for i in most_covering(r["text"], known, texts, per_window)]
         made: list[dict[str, Any]] = []
         for ct in conts:
             made.append(
