@@ -382,9 +382,9 @@ def main() -> None:
         extra = a.train_args.split()
         if "--preserve-pool" in extra:
             pool = int(extra[extra.index("--preserve-pool") + 1])
-        layers = "" if a.memory_layers == "last:10" else f"-layers{a.memory_layers.replace(':', '')}"
-        layers += f"-ranks{a.ranks.replace(',', '-')}" if a.ranks else ""
-        base = out / "homes" / f"{corpus}-{a.routing}-base-pool{pool}{layers}"
+        shape = "" if a.memory_layers == "last:10" else f"-layers{a.memory_layers.replace(':', '')}"
+        shape += f"-ranks{a.ranks.replace(',', '-')}" if a.ranks else ""
+        base = out / "homes" / f"{corpus}-{a.routing}-base-pool{pool}{shape}"
         for variant in variants:
             key = f"{corpus}/{variant}/{a.routing}" + (f"/subtree{a.subtree}" if a.subtree is not None else "")
             key += f" {a.train_args}" if a.train_args else ""

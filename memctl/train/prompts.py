@@ -51,6 +51,7 @@ MAX_FIELD_WORDS = 8
 _HEADER_KEYS = {"field", "key", "attribute", "property", "item", "name"}
 _NAME = re.compile(r"(?<=[a-z,;:] )([A-Z][a-z]+(?:\s+(?:[A-Z]\.\s*)*[A-Z][a-z]+)+)")
 _PRONOUN = re.compile(r"^(It|Its|This element|This|They|Their|He|She|His|Her)\b")
+_POSSESSIVES = {"its", "their", "his", "her"}  # a pronoun the subject replaces as "<S>'s"
 _STOP = {
     "the",
     "a",
@@ -134,7 +135,7 @@ def _explicit_subject(prefix: str, subject: str) -> str:
     m = _PRONOUN.match(prefix)
     if m:
         word = m.group(1)
-        repl = f"{subject}'s" if word in ("Its", "Their", "His", "Her") else subject
+        repl = f"{subject}'s" if word.lower() in _POSSESSIVES else subject
         return repl + prefix[m.end() :]
     first = prefix.split(" ", 1)[0]
     if first.endswith("ed") and first[:1].isupper() and subject.lower() not in prefix.lower():
@@ -155,7 +156,7 @@ def _with_subject(prompt: str, subject: str) -> str:
     if qa and m:
         word = m.group(1).lower()
         # "her" before a word is possessive ("her date of birth"), at the end an object ("who employs her")
-        owner = word in ("its", "his", "their") or (word == "her" and m.group(2) is not None)
+        owner = word in _POSSESSIVES and (word != "her" or m.group(2) is not None)
         q = qa.group(2)
         q = q[: m.start(1)] + (f"{subject}'s" if owner else subject) + q[m.end(1) :]
         return f"{qa.group(1)}{q}{qa.group(3)}"
