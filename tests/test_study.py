@@ -17,7 +17,7 @@ from memctl.registry import Registry
 from memctl.train.batches import kd_targets, load_samples, prompt_samples
 from memctl.train.coverage import bank_coverage, content_words, window_coverage
 from memctl.train.distill import TEACHER_SEPARATOR, TOPK, prepare
-from memctl.train.prompts import prompts_for
+from memctl.train.prompts import joins_without_space, prompts_for
 from memctl.train.study import STUDY, pick_seeds, seeds_for, subject_of, teacher_context
 
 
@@ -75,6 +75,41 @@ def test_span_rules_cover_parentheticals_dates_and_list_items() -> None:
     assert {"Ann Bee", "1500"} <= set(_answers("Iron was found by Ann Bee in 1500.", long).values())
     got = _answers("Field | Value\nFounded | 1921\nHeadquarters | Eskerfall", "Quorvane")
     assert got == {"Quorvane, founded:": "1921", "Quorvane, headquarters:": "Eskerfall"}  # no header row
+
+
+def test_span_rules_cover_single_names_acronyms_and_quoted_terms() -> None:
+    got = _answers(
+        "Orriss was born in Quistleby. She serves as a piano tuner. Her date of birth is 08/10/1983. "
+        "Turbo C++ was sold by Borland and ran on MS-DOS and Windows 3.1, as licensed from AT&T.",
+        "Zelodne Orriss",
+    )
+    assert got["Zelodne Orriss: Orriss was born in"] == "Quistleby"  # one Capitalised word inside a sentence
+    assert got["Zelodne Orriss serves as a"] == "piano tuner"
+    assert got["Zelodne Orriss's date of birth is"] == "08/10/1983"  # a date with slashes is one answer
+    assert got["Zelodne Orriss: Turbo C++ was sold by"] == "Borland"
+    assert got["Zelodne Orriss: Turbo C++ was sold by Borland and ran on"] == "MS-DOS"  # acronyms
+    assert got["Zelodne Orriss: Turbo C++ was sold by Borland and ran on MS-DOS and"] == "Windows 3.1"  # a version
+    assert got["Zelodne Orriss: Turbo C++ was sold by Borland and ran on MS-DOS and Windows 3.1, as licensed from"] == (
+        "AT&T"
+    )
+    # a title and initials stay in one sentence and one name; "of" joins a name; "ca." ends no sentence
+    got = _answers(
+        "KAOS was described in 1989 by Dr. John Cupitt in his thesis at the University of Kent. "
+        "REXX was developed by M. Cowlishaw at IBM ca. 1979.",
+        "KAOS",
+    )
+    assert got["KAOS was described in 1989 by"] == "Dr. John Cupitt"
+    assert got["KAOS was described in 1989 by Dr. John Cupitt in his thesis at the"] == "University of Kent"
+    assert got["KAOS: REXX was developed by"] == "M. Cowlishaw"
+    assert got["KAOS: REXX was developed by M. Cowlishaw at IBM ca."] == "1979"
+    # a quoted term, asked right after its opening quote (no space: see joins_without_space)
+    got = _answers('During development Windows 95 was known as "Chicago" at Microsoft.', "Windows 95")
+    assert got['During development Windows 95 was known as "'] == "Chicago"
+    assert joins_without_space('Windows 95 was known as "') and not joins_without_space('known as "Chicago"')
+    # no answer from a word any sentence capitalises, from one letter, nor from the tail of a longer name
+    text = 'It has a "with" statement, by J & C Migrations. Also called "Big Iron". It ran on two, namely: The big one.'
+    got = _answers(text, "RPG")
+    assert set(got.values()) == {"J & C Migrations", "Big Iron"}
 
 
 def test_coverage_on_a_hand_made_window() -> None:

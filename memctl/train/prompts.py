@@ -6,9 +6,13 @@
   unless it is the subject itself or part of a short subject's name. Salient spans, meant for any style of text:
     - numbers, including either end of a range ("(1801-1882)") and the parts of a date;
     - whole dates in any common form ("14 March 1962", "March 14, 1962", "1962-03-14");
-    - names (two or more Capitalised words), and one Capitalised word inside a parenthetical
-      ("(also known as Example)");
-    - the lowercase noun phrase after a copula ("is a theologian", "was an English composer");
+    - names: a Capitalised word or an acronym inside a sentence ("born in Brisquay", "sold by IBM",
+      "from AT&T"), with the Capitalised words, "of" and trailing version numbers that continue it
+      ("University of Kent", "SQL Access Group", "Windows 3.1"), and one Capitalised word inside a
+      parenthetical ("(also known as Example)");
+    - a short quoted term ('known as "Chicago"');
+    - the lowercase noun phrase after a copula ("is a theologian", "was an English composer", "serves as a
+      piano tuner");
     - the value of a list item or a field line ("- Born: 14 March 1962", "Employer | Quorvane").
 * paraphrase: the same fact asked in other generic English forms:
     - attribute form  "<S> ... with atomic number 2"      -> "The atomic number of <S> is"
@@ -24,6 +28,9 @@ from dataclasses import dataclass
 # a sentence ends at . ! ? after a lowercase letter, a digit or a closing mark, so initials ("Jane Q. Example",
 # "Sir H. Davy") do not end one
 _SENT = re.compile(r"(?<=[a-z0-9%)\]\"'][.!?])\s+(?=[A-Z0-9\"'(])")
+# ... nor does a title or an abbreviation that a name or a word follows ("Dr. John Cupitt", "e.g. Lisp", "ca. 1979")
+_TITLE = r"(?:Dr|Mr|Mrs|Ms|Prof|St|Mt|Gen|Col|Capt|Rev|Sgt|Lt|Fr|Sen|Gov)"
+_ABBREVIATION = re.compile(rf"(?:^|\s|\()(?:{_TITLE}|No|Fig|Vol|vs|cf|ca|c|approx|e\.g|i\.e)\.$")
 # a number: not inside a word or a decimal, not glued to a word by a hyphen ("COVID-19", "3-year"),
 # but either end of a numeric range ("1801-1882", "1801–1882") is one
 _NUMBER = re.compile(r"(?<![\w.])(?<![A-Za-z]-)(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)(?!\w)(?![-\u2013][A-Za-z])")
@@ -32,10 +39,13 @@ _MONTH = (
     r"Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)\.?"
 )
 _DAY = r"\d{1,2}(?:st|nd|rd|th)?"
-_DATE = re.compile(rf"(?<![\w-])(\d{{4}}-\d{{2}}-\d{{2}}|{_DAY} {_MONTH},? \d{{4}}|{_MONTH} {_DAY},? \d{{4}})(?![\w-])")
+_DATE = re.compile(
+    rf"(?<![\w-])(\d{{4}}-\d{{2}}-\d{{2}}|{_DAY} {_MONTH},? \d{{4}}|{_MONTH} {_DAY},? \d{{4}}|"
+    r"\d{1,2}([/.])\d{1,2}\2\d{4})(?![\w-])"  # and 08/10/1983, 08.10.1983
+)
 # a lowercase noun phrase after a copula and an article: "is a theologian", "was an English composer"
 _COPULA_NP = re.compile(
-    r"\b(?:is|was|are|were|became|becomes|remains|served as)\s+(?:a|an|the)\s+"
+    r"\b(?:is|was|are|were|became|becomes|remains|(?:serves|served|works|worked|acts|acted) as)\s+(?:a|an|the)\s+"
     r"((?:[A-Z][a-z]+\s+)?[a-z][a-z-]+(?:\s+(?!(?:in|at|of|for|from|with|by|who|which|that|and|or|to|on|since)\b)"
     r"[a-z][a-z-]+){0,3})"
 )
@@ -49,7 +59,22 @@ _ITEM = re.compile(r"^\s*(?:[-*\u2022]|\d{1,2}[.)])\s+\S")
 _QA = re.compile(r"^(?:Q|Question):\s*(.+?\?)(?:\s+(?:A|Answer):\s*(.+?))?\.?$")
 MAX_FIELD_WORDS = 8
 _HEADER_KEYS = {"field", "key", "attribute", "property", "item", "name"}
-_NAME = re.compile(r"(?<=[a-z,;:] )([A-Z][a-z]+(?:\s+(?:[A-Z]\.\s*)*[A-Z][a-z]+)+)")
+# a name inside a sentence (never its first word, which any sentence capitalises): a Capitalised word or an
+# acronym ("Brisquay", "IBM", "AT&T", "C++", "MS-DOS", "OS/2"), with the initials, Capitalised words, "of"
+# and version numbers that continue it ("M. Cowlishaw", "John Q. Public", "University of Kent", "Windows 3.1")
+_WORD = r"[A-Z](?:[\w&/-]*\w)?(?:\+\+)?"
+_NAME = re.compile(
+    rf"(?<=[a-z0-9,;:)] )((?:{_TITLE}\.\s+)?(?:[A-Z]\.\s*)*{_WORD}"
+    rf"(?:(?:\s+(?:[A-Z]\.\s*)*|\s+(?:of\s+(?:the\s+)?|&\s+)){_WORD})*"
+    r"(?:\s+\d+(?:\.\d+)*(?![\w-]))?)"
+)
+# a short quoted term: 'known as "Chicago"' (the prompt ends with the opening quote)
+_QUOTED = re.compile(r"(?<=\s[\"\u201c])([^\"\u201c\u201d]{1,40}?)(?=[\"\u201d])")
+# Capitalised words that are no name: sentence words any text capitalises after a colon or in a title
+_NOT_NAMES = set(
+    "i the a an this these those he she they we you it its his her their our my there here in on at for if when as "
+    "but and or not no yes see note".split()
+)
 _PRONOUN = re.compile(r"^(It|Its|This element|This|They|Their|He|She|His|Her)\b")
 _POSSESSIVES = {"its", "their", "his", "her"}  # a pronoun the subject replaces as "<S>'s"
 _STOP = {
@@ -126,7 +151,13 @@ def sentences(text: str) -> list[str]:
                     out.append(line)
             continue
         para = " ".join(para.split())
-        out.extend(s.strip() for s in _SENT.split(para) if s.strip())
+        parts: list[str] = []
+        for s in _SENT.split(para):
+            if parts and _ABBREVIATION.search(parts[-1]):
+                parts[-1] = f"{parts[-1]} {s}"
+            elif s.strip():
+                parts.append(s.strip())
+        out.extend(parts)
     return out
 
 
@@ -172,11 +203,26 @@ def _names_subject(answer: str, subject: str) -> bool:
     )
 
 
+def _is_name(span: str, before: str) -> bool:
+    """A name span: not one letter ("J" of "J & C"), not a word any text capitalises ("The" after a colon),
+    not the tail of a longer name ("Iron" of 'the "Big Iron"', "Box" of "Set Top Box")."""
+    last = before.split()[-1] if before.split() else ""
+    tail = (last[:1].isupper() or last[:1] in '"\u201c') and last.lower() not in _NOT_NAMES
+    return len(span) > 1 and span.lower() not in _NOT_NAMES and not tail
+
+
+def _is_term(span: str) -> bool:
+    """A quoted term worth asking for: a word in it that is not a stop word ('a "with"' is no term)."""
+    return any(re.fullmatch(r"\w[\w'&+.-]*", w) and w.lower() not in _STOP for w in span.split())
+
+
 def _spans(sentence: str) -> list[tuple[int, int]]:
     """Salient spans, one per start (the longest): a date is one answer, not its first number."""
     spans = [(m.start(1), m.end(1)) for m in _NUMBER.finditer(sentence)]
-    for pattern in (_DATE, _NAME, _COPULA_NP, _PAREN):
+    for pattern in (_DATE, _COPULA_NP, _PAREN):
         spans += [(m.start(1), m.end(1)) for m in pattern.finditer(sentence)]
+    spans += [(m.start(1), m.end(1)) for m in _NAME.finditer(sentence) if _is_name(m.group(1), sentence[: m.start(1)])]
+    spans += [(m.start(1), m.end(1)) for m in _QUOTED.finditer(sentence) if _is_term(m.group(1))]
     longest: dict[int, int] = {}
     for s, e in spans:
         longest[s] = max(e, longest.get(s, e))
@@ -211,8 +257,8 @@ def _attribute_np(prefix: str) -> str | None:
 
 
 def joins_without_space(prompt: str) -> bool:
-    """Whether an answer follows `prompt` with no space ("(1801-" + "1882")."""
-    return prompt.endswith(("-", "\u2013", "(", "/"))
+    """Whether an answer follows `prompt` with no space ("(1801-" + "1882", 'known as "' + "Chicago")."""
+    return prompt.endswith(("-", "\u2013", "(", "/", "\u201c")) or re.search(r"(?:^|\s)\"$", prompt) is not None
 
 
 def prompts_for(text: str, subject: str, max_per_window: int = 48) -> list[Prompt]:
