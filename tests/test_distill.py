@@ -219,3 +219,41 @@ def test_anchor_questions_are_answered_open_book_routed_alone_and_leave_with_the
     doc = rows[0]["doc_id"]
     reg.remove_documents([doc])
     assert reg.db.execute("select count(*) from prompts where doc_id = ?", [doc]).fetchone()[0] == 0
+
+
+def test_a_prompt_that_begins_a_longer_one_rides_in_it_for_the_same_loss(tiny_anchor: Path, home: Path) -> None:
+    from memctl.train.batches import Sample, merge_prefixes
+
+    anchor = load_anchor(str(tiny_anchor), home)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 200, (12,), generator=gen).tolist()
+
+    def prompt(key: str, n_ids: int, n_prompt: int, doc: str = "d", path: tuple[int, ...] = (0, 1)) -> Sample:
+        a = n_ids - n_prompt + 1  # each answer token and the one after
+        logp = torch.log_softmax(torch.randn(a, TOPK, generator=gen), -1)
+        idx = torch.randint(0, 200, (a, TOPK), generator=gen)
+        return Sample(key, doc, ids[:n_ids], path, None, n_prompt, idx, logp)
+
+    host, rider, touching = prompt("p1", 12, 9), prompt("p2", 7, 5), prompt("p3", 9, 8)  # p3's last = p1's first
+    other_doc, other_path = prompt("p4", 7, 5, doc="e"), prompt("p5", 7, 5, path=(0, 0))
+    merged = merge_prefixes([host, rider, touching, other_doc, other_path])
+    assert [s.key for s in merged] == ["p1", "p4", "p5"]  # another document's or path's prompt stays alone
+    assert merged[0].kd_pos is not None and sorted(merged[0].kd_pos) == list(range(4, 12))  # p3's 8 is p1's: once
+    assert sum(len(s.ids) for s in merged) == 12 + 7 + 7  # 28 tokens fewer than the five prompts'
+    assert [s.prompts for s in merged] == [3, 1, 1]
+    # a batch holds as many prompts as before merging (16 by default), not as many samples
+    from memctl.core.config import TrainConfig
+    from memctl.train.batches import epoch_batches
+
+    pool = merged + [prompt(f"q{i}", 7, 5, doc=f"x{i}") for i in range(14)]  # 3 + 1 + 1 + 14 = 19 prompts
+    sizes = sorted(sum(pool[i].prompts for i in b) for b in epoch_batches(pool, "0", 2, TrainConfig(), 0))
+    assert len(sizes) == 2 and sum(sizes) == 19 and 16 <= sizes[1] <= 18  # 16, or just past it with the 3
+
+    def loss(batch: list[Sample]) -> float:
+        ids_, mask, labels = collate(batch, anchor.tokenizer.pad_token_id)
+        with torch.no_grad():
+            return float(batch_loss(anchor.model, batch, ids_, mask, labels, None, 0, False))
+
+    # the same targets at the same positions with the same context: the same loss
+    assert loss([host, rider]) == pytest.approx(loss(merge_prefixes([host, rider])), abs=1e-5)
+    assert loss(merge_prefixes([host, rider])) != pytest.approx(loss([host]), abs=1e-3)  # the rider counts

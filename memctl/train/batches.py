@@ -3,6 +3,7 @@ an epoch, collation and the losses."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +37,10 @@ class Sample:
     topk_logp: torch.Tensor | None = None  # (A, k) float32
     keep: bool = False  # a preservation sample: match the anchor alone at every position
     hidden: torch.Tensor | None = None  # (A, layers, d) float16: the teacher's hidden states (train --match-hidden)
+    # the position of each of the A targets, where prompts ride in a longer one (`merge_prefixes`); None: the
+    # positions n_prompt-1 .. n_prompt-2+A
+    kd_pos: list[int] | None = None
+    prompts: int = 1  # how many prompts the sample carries: a batch holds as many prompts as before merging
 
     @property
     def kind(self) -> str:
@@ -119,12 +124,12 @@ def prompt_samples(
     Anchor-written questions (memctl.train.questions) only with `questions`, self-study continuations
     (memctl.train.study) only with `study`; with `hidden`, the teacher's hidden states where stored."""
     sql = (
-        "select p.id, p.doc_id, p.ids, p.n_prompt, p.topk_idx, p.topk_logp, p.path, w.path as wpath"
+        "select p.id, p.doc_id, p.kind, p.ids, p.n_prompt, p.topk_idx, p.topk_logp, p.path, w.path as wpath"
         + (", p.hidden " if hidden else " ")
         + "from prompts p join windows w on w.id = p.window_id where p.held_out = 0 and p.topk_idx is not null"
         + _left_out(questions, study)
     )
-    out = []
+    out, cloze = [], []  # every prompt in id order; the cloze ones, which may ride in a longer one
     for r in reg.db.query(sql + " order by p.id"):
         ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
         n_pos = len(ids) - r["n_prompt"] + 1  # each answer token, and the one after
@@ -139,8 +144,58 @@ def prompt_samples(
             else [p for p in dict.fromkeys([_path(r["path"]), _path(r["wpath"])]) if p[0] == int(unit)]
         )
         for path in paths:
-            out.append(Sample(f"p{r['id']}", r["doc_id"], ids, path, None, r["n_prompt"], idx, logp, hidden=hid))
+            smp = Sample(f"p{r['id']}", r["doc_id"], ids, path, None, r["n_prompt"], idx, logp, hidden=hid)
+            out.append(smp)
+            if r["kind"] in CLOZE_KINDS:
+                cloze.append(smp)
+    hosts = {(s.key, s.path): s for s in merge_prefixes(cloze)}
+    kept = {(s.key, s.path) for s in cloze}
+    return [hosts.get((s.key, s.path), s) for s in out if (s.key, s.path) in hosts or (s.key, s.path) not in kept]
+
+
+CLOZE_KINDS = ("cloze", "paraphrase")
+
+
+def merge_prefixes(samples: list[Sample]) -> list[Sample]:
+    """Prompts that ride in a longer one: a prompt whose tokens (prompt and answer) begin a longer prompt of
+    the same document on the same path ("X ran on" -> "MS-DOS" inside "X ran on MS-DOS and" -> "Windows")
+    adds its targets at their own positions in the longer one, where the context is the same token for
+    token: the same loss for fewer tokens through the anchor. Order: the hosts', in `samples` order."""
+    hosts: dict[tuple[str, tuple[int, ...]], list[Sample]] = {}
+    riders: dict[int, list[Sample]] = {}  # by id() of the host
+    for smp in sorted(samples, key=lambda x: -len(x.ids)):
+        group = hosts.setdefault((smp.doc_id, smp.path), [])
+        host = next((h for h in group if len(h.ids) > len(smp.ids) and h.ids[: len(smp.ids)] == smp.ids), None)
+        if host is None or smp.hidden is not None or host.hidden is not None:
+            group.append(smp)
+            riders[id(smp)] = []
+        else:
+            riders[id(host)].append(smp)
+    out = []
+    for smp in samples:
+        if id(smp) not in riders:
+            continue  # rides in a host
+        if not riders[id(smp)]:
+            out.append(smp)
+            continue
+        pos = _target_positions(smp)
+        idx, logp = [smp.topk_idx], [smp.topk_logp]
+        for r in riders[id(smp)]:
+            theirs = _target_positions(r)
+            keep = [j for j, t in enumerate(theirs) if t not in pos]  # a position both predict counts once
+            pos += [theirs[j] for j in keep]
+            assert r.topk_idx is not None and r.topk_logp is not None
+            idx.append(r.topk_idx[keep])
+            logp.append(r.topk_logp[keep])
+        n = 1 + len(riders[id(smp)])
+        out.append(dataclasses.replace(smp, topk_idx=torch.cat(idx), topk_logp=torch.cat(logp), kd_pos=pos, prompts=n))
     return out
+
+
+def _target_positions(s: Sample) -> list[int]:
+    """The position that predicts each of a prompt sample's targets."""
+    assert s.topk_idx is not None
+    return list(s.kd_pos) if s.kd_pos is not None else list(range(s.n_prompt - 1, s.n_prompt - 1 + len(s.topk_idx)))
 
 
 def preserve_samples(
@@ -207,14 +262,28 @@ def epoch_batches(samples: list[Sample], unit: str, k: int, tcfg: TrainConfig, e
         order = order[keep[order]]
     # one kind per batch (preservation sequences are short: twice as many per step); length buckets:
     # sort runs of 8 batches by length so little compute goes to padding; then shuffle the batches
+    # (a sample carrying merged prompts counts as that many: see merge_prefixes)
     batches: list[list[int]] = []
     for kind in ("lm", "kd", "keep"):
         bs = tcfg.batch_size * {"lm": 1, "kd": tcfg.prompt_batch_factor, "keep": 2}[kind]
         mine = [i for i in order.tolist() if samples[i].kind == kind]
-        for s in range(0, len(mine), 8 * bs):
-            run = sorted(mine[s : s + 8 * bs], key=lambda i: len(samples[i].ids))
-            batches.extend(run[i : i + bs] for i in range(0, len(run), bs))
+        for run in _chunks(mine, samples, 8 * bs):
+            batches.extend(_chunks(sorted(run, key=lambda i: len(samples[i].ids)), samples, bs))
     return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def _chunks(idx: list[int], samples: list[Sample], size: int) -> list[list[int]]:
+    """Consecutive runs of `idx` carrying `size` prompts each (the last may carry fewer)."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    carried = 0
+    for i in idx:
+        cur.append(i)
+        carried += samples[i].prompts
+        if carried >= size:
+            out.append(cur)
+            cur, carried = [], 0
+    return out + [cur] if cur else out
 
 
 def collate(batch: list[Sample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -236,8 +305,7 @@ def kd_targets(batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.T
     pos, idx, logp = [], [], []
     for row, s in enumerate(batch):
         assert s.topk_idx is not None and s.topk_logp is not None
-        for j in range(s.topk_idx.shape[0]):
-            pos.append((row, s.n_prompt - 1 + j))
+        pos += [(row, t) for t in _target_positions(s)]
         idx.append(s.topk_idx)
         logp.append(s.topk_logp)
     return torch.tensor(pos, dtype=torch.long), torch.cat(idx), torch.cat(logp)
