@@ -238,3 +238,55 @@ def test_a_pool_cache_that_cannot_be_written_costs_nothing(tmp_path: Path) -> No
     pool = {"ids": np.zeros((2, LENGTH), np.int32)}
     preserve._save_cached(blocker / "pool.npz", pool)  # the home cannot hold it: no error, nothing left
     assert blocker.read_text() == "not a directory" and sorted(tmp_path.iterdir()) == [blocker]
+
+
+def test_own_window_preservation_matches_the_anchor_except_where_a_fact_is_predicted(
+    home: Path, corpus: Path, tiny_anchor: Path
+) -> None:
+    from memctl.train.batches import prompt_samples
+    from memctl.train.preserve import anchor_topk, answer_spans, own_window_samples
+
+    reg = _bank("o", home, corpus, tiny_anchor)
+    anchor = load_anchor(str(tiny_anchor), home)
+    prepare(reg, anchor)
+    trained = prompt_samples(reg, "0")
+    own = own_window_samples(reg, anchor, "0", 1.0, trained, seed=0)
+    assert own and all(s.keep and s.doc_id and s.kind == "keep" for s in own)
+    assert abs(sum(len(s.ids) for s in own) - sum(len(s.ids) for s in trained)) <= max(len(s.ids) for s in own)
+    windows = {
+        f"o{r['id']}": r for r in reg.db.query("select w.*, d.title from windows w join documents d on d.id = w.doc_id")
+    }
+    smp = own[0]
+    w = windows[smp.key]
+    assert smp.path == tuple(int(v) for v in w["path"].split(",")) and smp.doc_id == w["doc_id"]
+    offsets = anchor.tokenizer(w["text"], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    facts = answer_spans(w["text"], w["title"] or "")
+    assert facts  # the window has answers ("0" of "note 0", its title...)
+    in_fact = {
+        t for t in range(len(smp.ids) - 1) if any(s < offsets[t + 1][1] and offsets[t + 1][0] < e for s, e in facts)
+    }
+    assert in_fact and smp.kd_pos == [t for t in range(len(smp.ids) - 1) if t not in in_fact]  # facts left out
+    idx, logp = anchor_topk(anchor, [smp.ids])[0]
+    assert np.array_equal(smp.topk_idx.numpy(), idx[smp.kd_pos]) and np.allclose(
+        smp.topk_logp.numpy(), logp[smp.kd_pos]
+    )
+    # a forgotten document's windows are left out; no share, no samples
+    gone = own_window_samples(reg, anchor, "0", 1.0, trained, seed=0, exclude=frozenset({smp.doc_id}))
+    assert gone and smp.doc_id not in {s.doc_id for s in gone}
+    assert own_window_samples(reg, anchor, "0", 0.0, trained, seed=0) == []
+
+
+def test_training_with_own_window_preservation_records_its_documents(
+    home: Path, corpus: Path, tiny_anchor: Path
+) -> None:
+    from test_cli import invoke, one_error_line
+
+    _bank("w", home, corpus, tiny_anchor)
+    res = train("w", {"epochs": 1, "objective": "distill", "preserve": 0.0, "preserve_own": 1.0}, home=home)
+    assert all(u.steps > 0 for u in res.units)
+    reg = Registry.open("w", home)
+    docs = {r["id"] for r in reg.db.query("select id from documents")}
+    assert {r["doc_id"] for r in reg.db.query("select distinct doc_id from block_docs")} <= docs
+    assert "--preserve-own must be between 0 and 4" in one_error_line(
+        invoke("train", "--bank", "w", "--preserve-own", "5")
+    )

@@ -147,6 +147,13 @@ def train(
             "so memories leave unrelated text alone; 0 turns it off (default 1)."
         ),
     ] = None,
+    preserve_own: Annotated[
+        float | None,
+        typer.Option(
+            help="Share of each unit's tokens spent keeping the anchor unchanged on the unit's own windows, "
+            "their facts left out, so memories leave text like the bank's alone (default 0: off)."
+        ),
+    ] = None,
     preserve_pool: Annotated[
         int | None,
         typer.Option(
@@ -236,6 +243,7 @@ def train(
         "patience": patience,
         "preserve": preserve,
         "preserve_pool": preserve_pool,
+        "preserve_own": preserve_own,
         "questions": questions,
         "study": study,
         "match_hidden": match_hidden,

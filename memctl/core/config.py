@@ -99,6 +99,9 @@ class TrainConfig:
     patience: int = 3  # stop a unit when neither held-out accuracy nor held-out loss has improved for this many epochs
     preserve: float = 1.0  # share of a unit's tokens spent matching the anchor on its own text (memctl.train.preserve)
     preserve_pool: int = 1024  # sequences the anchor writes for it, once per bank
+    # share of a unit's tokens spent matching the anchor on the unit's own windows, facts left out
+    # (memctl.train.preserve.own_window_samples); 0: off
+    preserve_own: float = 0.0
     questions: int = 0  # questions per window written by the anchor (memctl.train.questions); 0: cloze prompts only
     # self-study continuations per window sampled by the open-book teacher (memctl.train.study); 0: off. Two
     # scored at least as well as cloze prompts alone on all three corpora of benchmarks/corpora.py (docs/corpora.md)
@@ -125,6 +128,8 @@ class TrainConfig:
                 raise InputError(f"{name} must be a fraction between 0 and 1, got {value}")
         if not 0 <= self.preserve <= 4:
             raise InputError(f"--preserve must be between 0 and 4, got {self.preserve}")
+        if not 0 <= self.preserve_own <= 4:
+            raise InputError(f"--preserve-own must be between 0 and 4, got {self.preserve_own}")
         if self.preserve_pool < 1:
             raise InputError(f"--preserve-pool must be at least 1, got {self.preserve_pool}")
         if not 0 <= self.questions <= MAX_QUESTIONS:
@@ -179,6 +184,7 @@ def train_config_from_json(text: str) -> TrainConfig:
     d = json.loads(text)
     d["betas"] = tuple(d["betas"])
     d.setdefault("preserve", 0.0)  # trained before preservation existed: without it
+    d.setdefault("preserve_own", 0.0)
     # trained before questions, self-study or deep distillation existed (or with them off by default): without
     # them, so that retraining (forget, stale blocks) repeats how the bank was trained
     d.setdefault("questions", 0)

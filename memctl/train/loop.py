@@ -40,7 +40,7 @@ from .dataparallel import DataParallel
 from .distill import PrepareReport, generate_prompts, heldout_accuracy, heldout_loss, heldout_prompts, prepare
 from .diverge import MAX_RESTARTS, diverged, kind_counts
 from .optim import BlockAdamW, clip_grad_norm, lr_at
-from .preserve import prepare_pool
+from .preserve import own_window_samples, prepare_pool
 from .records import TrainedUnit, UnitResult
 from .stopping import should_stop
 from .study import hidden_layers
@@ -135,7 +135,11 @@ def train_unit(
         )
         if s.doc_id not in exclude
     ]
-    samples += preserve_samples(reg, name, tcfg.preserve, samples, tcfg.seed, tcfg.preserve_pool)
+    trained = samples
+    samples = trained + preserve_samples(reg, name, tcfg.preserve, trained, tcfg.seed, tcfg.preserve_pool)
+    if tcfg.preserve_own > 0:
+        with handle.using(None):  # the anchor alone
+            samples += own_window_samples(reg, anchor, name, tcfg.preserve_own, trained, tcfg.seed, exclude)
     params = UnitParams(cfg, unit, anchor.device)
     if not samples:
         return TrainedUnit(UnitResult(name, 0, 0, float("nan"), float("nan"), 0.0, 0), unit, params, {})
@@ -223,7 +227,7 @@ def train_unit(
         tokens += sum(len(s.ids) for s in batch)
         losses.setdefault(batch[0].kind, []).append(loss_value)
         for smp in batch:
-            if smp.keep:  # the anchor's own text: no document shaped the block through it
+            if smp.keep and not smp.doc_id:  # the anchor's own text: no document shaped the block through it
                 continue
             for level, _first, _n in unit.levels:
                 d = seen.setdefault((level, 0 if level == 0 else smp.path[level - 1]), {})

@@ -29,7 +29,9 @@ worse (+8.4% against +6.6% over all 27, and fewer facts learned).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,7 +43,10 @@ import torch.nn.functional as F
 
 from ..model.anchor import Anchor
 from ..registry import Registry
+from .batches import Sample
 from .distill import TOPK  # the same top-k as the prompts' teacher
+from .prompts import prompts_for
+from .units import GENERIC
 
 POOL = 1024  # sequences
 LENGTH = 64  # tokens each
@@ -205,3 +210,72 @@ def prepare_pool(reg: Registry, anchor: Anchor, progress: Progress | None = None
     if progress:
         progress("preserve", n, n)
     return time.perf_counter() - t0
+
+
+def answer_spans(text: str, title: str) -> list[tuple[int, int]]:
+    """Character spans of `text` that are facts: every occurrence of a cloze answer of the window, and of
+    its title (memctl.train.prompts)."""
+    spans = []
+    for needle in {p.answer for p in prompts_for(text, title)} | ({title.strip()} if title.strip() else set()):
+        spans += [(m.start(), m.end()) for m in re.finditer(re.escape(needle), text)]
+    return spans
+
+
+def own_window_samples(
+    reg: Registry,
+    anchor: Anchor,
+    unit: str,
+    share: float,
+    samples: list[Sample],
+    seed: int,
+    exclude: frozenset[str] = frozenset(),
+) -> list[Sample]:
+    """Preservation on the unit's own windows (`train --preserve-own`): window sequences worth `share` of the
+    unit's training tokens, each on its own window's path, where the student must match the anchor alone
+    at every position except those that predict a fact (a cloze answer or the title: `answer_spans`).
+    The memories learn their facts from the prompts and learn to leave the rest of their documents' kind
+    of text as the anchor reads it: the near-domain text the pool does not reach. A window's samples are
+    its document's (provenance; forgetting the document retrains without them). Call with the anchor
+    alone (no memory fetched)."""
+    if share <= 0 or not samples or unit == GENERIC:
+        return []
+    sql = (
+        "select w.id, w.doc_id, w.text, w.path, d.title from windows w join documents d on d.id = w.doc_id "
+        "where w.l1 = ? order by w.id"
+    )
+    rows = [r for r in reg.db.query(sql, [int(unit)]) if r["doc_id"] not in exclude]
+    tok = anchor.tokenizer
+    own = []
+    for r in rows:
+        enc = tok(r["text"], add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = enc["input_ids"], enc["offset_mapping"]
+        facts = answer_spans(r["text"], r["title"] or "")
+        # position t predicts token t+1: left out where that token overlaps a fact
+        keep = [
+            t for t in range(len(ids) - 1) if not any(s < offsets[t + 1][1] and offsets[t + 1][0] < e for s, e in facts)
+        ]
+        if not keep:
+            continue
+        idx, logp = anchor_topk(anchor, [ids])[0]
+        path = tuple(int(v) for v in r["path"].split(","))
+        own.append(
+            Sample(
+                f"o{r['id']}",
+                r["doc_id"],
+                ids,
+                path,
+                None,
+                1,
+                torch.from_numpy(idx[keep].astype(np.int64)),
+                torch.from_numpy(logp[keep]),
+                keep=True,
+                kd_pos=keep,
+            )  # fmt: skip
+        )
+    if not own:
+        return []
+    tokens = sum(len(s.ids) for s in samples)
+    mean = sum(len(s.ids) for s in own) / len(own)
+    n = max(1, math.ceil(share * tokens / mean))
+    rng = np.random.default_rng([seed, int(unit), 11])
+    return [own[i] for i in rng.choice(len(own), size=n, replace=n > len(own)).tolist()]
