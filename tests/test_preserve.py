@@ -260,7 +260,9 @@ def test_own_window_preservation_matches_the_anchor_except_where_a_fact_is_predi
     w = windows[smp.key]
     assert smp.path == tuple(int(v) for v in w["path"].split(",")) and smp.doc_id == w["doc_id"]
     offsets = anchor.tokenizer(w["text"], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-    facts = answer_spans(w["text"], w["title"] or "")
+    sql = "select answer from prompts where window_id = ? and kind in ('cloze', 'paraphrase')"
+    answers = [r["answer"] for r in reg.db.query(sql, [w["id"]])]
+    facts = answer_spans(w["text"], answers, w["title"] or "")
     assert facts  # the window has answers ("0" of "note 0", its title...)
     in_fact = {
         t for t in range(len(smp.ids) - 1) if any(s < offsets[t + 1][1] and offsets[t + 1][0] < e for s, e in facts)

@@ -47,7 +47,7 @@ class Sample:
         return "lm" if self.topk_idx is None else "keep" if self.keep else "kd"
 
 
-def _path(text: str) -> tuple[int, ...]:
+def parse_path(text: str) -> tuple[int, ...]:
     return tuple(int(v) for v in text.split(","))
 
 
@@ -58,7 +58,7 @@ def window_samples(reg: Registry, anchor: Anchor, unit: str) -> list[Sample]:
     for r in rows:
         ids = tok(r["text"], add_special_tokens=False)["input_ids"]
         if len(ids) >= 2:
-            out.append(Sample(f"w{r['id']}", r["doc_id"], ids, _path(r["path"])))
+            out.append(Sample(f"w{r['id']}", r["doc_id"], ids, parse_path(r["path"])))
     return out
 
 
@@ -139,9 +139,9 @@ def prompt_samples(
             flat = np.frombuffer(r["hidden"], dtype=np.float16)
             hid = torch.from_numpy(flat.reshape(n_pos, -1, reg.config.memory.hidden).copy())
         paths = (
-            [_path(r["path"])]
+            [parse_path(r["path"])]
             if unit == GENERIC
-            else [p for p in dict.fromkeys([_path(r["path"]), _path(r["wpath"])]) if p[0] == int(unit)]
+            else [p for p in dict.fromkeys([parse_path(r["path"]), parse_path(r["wpath"])]) if p[0] == int(unit)]
         )
         for path in paths:
             smp = Sample(f"p{r['id']}", r["doc_id"], ids, path, None, r["n_prompt"], idx, logp, hidden=hid)

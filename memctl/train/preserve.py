@@ -33,7 +33,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +43,8 @@ import torch.nn.functional as F
 
 from ..model.anchor import Anchor
 from ..registry import Registry
-from .batches import Sample
+from .batches import CLOZE_KINDS, Sample, parse_path
 from .distill import TOPK  # the same top-k as the prompts' teacher
-from .prompts import prompts_for
 from .units import GENERIC
 
 POOL = 1024  # sequences
@@ -212,11 +211,11 @@ def prepare_pool(reg: Registry, anchor: Anchor, progress: Progress | None = None
     return time.perf_counter() - t0
 
 
-def answer_spans(text: str, title: str) -> list[tuple[int, int]]:
-    """Character spans of `text` that are facts: every occurrence of a cloze answer of the window, and of
-    its title (memctl.train.prompts)."""
+def answer_spans(text: str, answers: Iterable[str], title: str) -> list[tuple[int, int]]:
+    """Character spans of `text` that are facts: every occurrence of one of its window's cloze answers (as
+    the bank stored them: memctl.train.prompts), and of its title."""
     spans = []
-    for needle in {p.answer for p in prompts_for(text, title)} | ({title.strip()} if title.strip() else set()):
+    for needle in {a for a in answers if a.strip()} | ({title.strip()} if title.strip() else set()):
         spans += [(m.start(), m.end()) for m in re.finditer(re.escape(needle), text)]
     return spans
 
@@ -232,7 +231,7 @@ def own_window_samples(
 ) -> list[Sample]:
     """Preservation on the unit's own windows (`train --preserve-own`): window sequences worth `share` of the
     unit's training tokens, each on its own window's path, where the student must match the anchor alone
-    at every position except those that predict a fact (a cloze answer or the title: `answer_spans`).
+    at every position except those that predict a fact (a stored cloze answer or the title: `answer_spans`).
     The memories learn their facts from the prompts and learn to leave the rest of their documents' kind
     of text as the anchor reads it: the near-domain text the pool does not reach. A window's samples are
     its document's (provenance; forgetting the document retrains without them). Call with the anchor
@@ -244,12 +243,20 @@ def own_window_samples(
         "where w.l1 = ? order by w.id"
     )
     rows = [r for r in reg.db.query(sql, [int(unit)]) if r["doc_id"] not in exclude]
+    answers: dict[int, list[str]] = {}
+    kinds = ",".join("?" * len(CLOZE_KINDS))
+    sql = (
+        "select p.window_id, p.answer from prompts p join windows w on w.id = p.window_id "
+        f"where w.l1 = ? and p.kind in ({kinds})"
+    )
+    for a in reg.db.query(sql, [int(unit), *CLOZE_KINDS]):
+        answers.setdefault(a["window_id"], []).append(a["answer"])
     tok = anchor.tokenizer
     own = []
     for r in rows:
         enc = tok(r["text"], add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = enc["input_ids"], enc["offset_mapping"]
-        facts = answer_spans(r["text"], r["title"] or "")
+        facts = answer_spans(r["text"], answers.get(r["id"], []), r["title"] or "")
         # position t predicts token t+1: left out where that token overlaps a fact
         keep = [
             t for t in range(len(ids) - 1) if not any(s < offsets[t + 1][1] and offsets[t + 1][0] < e for s, e in facts)
@@ -257,7 +264,7 @@ def own_window_samples(
         if not keep:
             continue
         idx, logp = anchor_topk(anchor, [ids])[0]
-        path = tuple(int(v) for v in r["path"].split(","))
+        path = parse_path(r["path"])
         own.append(
             Sample(
                 f"o{r['id']}",
