@@ -105,8 +105,11 @@ def subtree_probes(home: Path, bank: str, subtree: int, probes: Path, dest: Path
     return dest
 
 
-def setups_of(out: str) -> dict[str, dict[str, Any]]:
+def setups_of(out: str, answers: Path) -> dict[str, dict[str, Any]]:
+    """Each setup's scores from `memctl eval --json`; every probe's answers go to `answers` (JSONL), to be
+    read probe by probe."""
     d = json.loads(out)
+    answers.write_text("".join(json.dumps(a) + "\n" for a in d.get("answers", [])))
     keys = ("accuracy", "ci95", "correct", "n", "routed_right", "routed_wrong")  # routed: into the doc's leaf or not
     return {r["setup"]: {k: r[k] for k in keys} for r in d["setups"]}
 
@@ -198,10 +201,12 @@ def score(
         kept = MEMORYLESS
         main_setups, question_setups = (",".join(s for s in x.split(",") if s not in kept)
                                         for x in (MAIN_SETUPS, QUESTION_SETUPS))  # fmt: skip
-    main = setups_of(memctl(env, log, *base, "--probes", str(probes), "--setups", main_setups))
+    main = setups_of(memctl(env, log, *base, "--probes", str(probes), "--setups", main_setups),
+                     home / "answers-main.jsonl")  # fmt: skip
     asked = setups_of(
         memctl(env, log, *base, "--probes", str(questions), "--setups", question_setups,
-               "--answer-tokens", str(QUESTION_ANSWER_TOKENS))
+               "--answer-tokens", str(QUESTION_ANSWER_TOKENS)),
+        home / "answers-questions.jsonl",
     )  # fmt: skip
     if trained is not None:
         main.update({s: r for s, r in trained["main"].items() if s in kept})

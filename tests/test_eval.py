@@ -18,6 +18,7 @@ from memctl.cli import app
 from memctl.core.errors import InputError
 from memctl.core.probes import Probe, is_correct, load_probes, sample_probes, wilson
 from memctl.core.tree import best_matching, nodes_to_block, route, route_avoiding, route_beam
+from memctl.eval.report import missed, missed_section
 from memctl.eval.runs import EvalRuns, ItemResult
 from memctl.registry import Registry
 from memctl.serve.api import unique_paths
@@ -315,6 +316,10 @@ def test_cli_eval_report_json_and_history(home: Path, bank: Registry, probe_file
     md = (report / "report.md").read_text()
     assert "## Full vs blocked banks" in md and "| fetched |" in md and "## Perplexity" in md
     assert "memctl eval --bank e" in md or "eval --bank e" in md
+    written = [json.loads(line) for line in (report / "answers.jsonl").read_text().splitlines()]
+    assert [a["prompt"] for a in written] == [p["prompt"] for p in PROBES]
+    assert written[0]["expected"] == ["red"] and set(written[0]["answers"]) >= {"anchor", "fetched", "rag"}
+    assert "## What the memories missed" not in md  # no probe was answered open book (no oracle-rag here)
     res = runner.invoke(app, ["eval", "--bank", "e", "--probes", str(probe_file), "--setups", "anchor,fetched"])
     assert res.exit_code == 0 and "probe accuracy on e" in res.output
     reg = Registry.open("e")
@@ -333,6 +338,31 @@ def test_cli_eval_report_json_and_history(home: Path, bank: Registry, probe_file
     assert hist[0]["params"]["allow"] == ["public"]
     res = runner.invoke(app, ["eval", "--bank", "e", "--history"])
     assert res.exit_code == 0 and "evaluation runs of e" in res.output
+
+
+def test_report_lists_what_open_book_answers_and_the_memories_miss() -> None:
+    def probe(prompt: str, fetched: tuple[str, bool], book: tuple[str, bool], right: bool | None) -> dict:
+        answers = {
+            "fetched": {"text": fetched[0], "correct": fetched[1]},
+            "oracle-rag": {"text": book[0], "correct": book[1]},
+        }
+        return {"prompt": prompt, "expected": ["1992"], "routed_right": right, "answers": answers}
+
+    answers = [
+        probe("ODBC | came out in", (" 2006-06-06\n\nThe answer", False), (" 1992", True), True),
+        probe("Adaptec was founded in", (" 1981", True), (" 1981", True), True),
+        probe("Group 4 fax uses", ("", False), (" ISDN lines", True), False),
+        probe("KAOS was described in", (" 1989", True), (" 2019", False), True),
+        probe("SAIL shut down in", (" 1991", False), (" 1989", False), True),
+    ]
+    lost, gained = missed(answers) or ([], -1)
+    assert [a["prompt"] for a in lost] == ["ODBC | came out in", "Group 4 fax uses"] and gained == 1
+    md = "\n".join(missed_section(answers))
+    assert "Open book answers 2 probes that the fetched memories do not; the memories answer 1" in md
+    assert "| ODBC \\| came out in | 1992 | 2006-06-06 The answer | 1992 | yes |" in md  # one line, pipe escaped
+    assert "| Group 4 fax uses | 1992 | (nothing) | ISDN lines | no |" in md
+    assert missed([{"prompt": "x", "answers": {"fetched": {"text": "", "correct": False}}}]) is None
+    assert missed_section([]) == []
 
 
 def test_cli_eval_int8_is_recorded_and_scores_every_probe(home: Path, bank: Registry, probe_file: Path) -> None:

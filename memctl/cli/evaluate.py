@@ -77,7 +77,13 @@ def eval_cmd(
         str | None,
         typer.Option(help="TAG,...: evaluate what these access tags may see (blocks and RAG windows)."),
     ] = None,
-    report: Annotated[Path | None, typer.Option(help="Write report.md and PNG plots into this directory.")] = None,
+    report: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write report.md (with the probes the memories miss), PNG plots and answers.jsonl "
+            "(every probe's answers) into this directory."
+        ),
+    ] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Start a new run instead of resuming a stopped one.")] = False,
     history: Annotated[bool, typer.Option("--history", help="Show the bank's past evaluation runs.")] = False,
     int8: Int8Opt = False,

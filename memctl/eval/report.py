@@ -3,6 +3,7 @@ blocked fraction) of one evaluation's results."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -127,10 +128,59 @@ def markdown(res: dict[str, Any], command: str = "") -> str:
             )
             lines += ["", "| window | document |", "|---:|---|"]
             lines += [f"| {w['window']} | {w['doc']} |" for w in listed]
+    lines += missed_section(res.get("answers", []))
     if res.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in res["notes"]]
     lines += ["", f"Run {res.get('run', '-')} took {res.get('seconds', 0):.0f} s."]
     return "\n".join(lines) + "\n"
+
+
+MISSED_ROWS = 50  # report.md lists this many; answers.jsonl has every probe
+
+
+def missed(answers: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int] | None:
+    """The probes open book answers and the fetched memories do not (the facts training did not reach),
+    and how many the memories answer that open book does not. None unless both setups ran."""
+    both = [a for a in answers if "fetched" in a["answers"] and "oracle-rag" in a["answers"]]
+    if not both:
+        return None
+    lost = [a for a in both if a["answers"]["oracle-rag"]["correct"] and not a["answers"]["fetched"]["correct"]]
+    gained = sum(1 for a in both if a["answers"]["fetched"]["correct"] and not a["answers"]["oracle-rag"]["correct"])
+    return lost, gained
+
+
+def _cell(text: str, width: int = 60) -> str:
+    """One Markdown table cell: one line, pipes escaped, cut to `width` characters."""
+    flat = " ".join(text.split())
+    flat = flat if len(flat) <= width else flat[: width - 1] + "…"
+    return flat.replace("|", "\\|") or "(nothing)"
+
+
+def missed_section(answers: list[dict[str, Any]]) -> list[str]:
+    found = missed(answers)
+    if found is None:
+        return []
+    lost, gained = found
+    lines = ["", "## What the memories missed", ""]
+    lines.append(
+        f"Open book answers {len(lost)} probes that the fetched memories do not; the memories answer {gained} "
+        "that open book does not. A missed probe that routed wrong is a routing miss; one that routed right is a "
+        "fact training did not reach (`memctl info` shows coverage). Every probe's answers: `answers.jsonl`."
+    )
+    if lost:
+        lines += [
+            "",
+            "| probe | expected | fetched answered | open book answered | routed right |",
+            "|---|---|---|---|---|",
+        ]
+        for a in lost[:MISSED_ROWS]:
+            right = {True: "yes", False: "no", None: "-"}[a["routed_right"]]
+            cells = [a["prompt"], " / ".join(a.get("expected", [])), a["answers"]["fetched"]["text"],
+                     a["answers"]["oracle-rag"]["text"]]  # fmt: skip
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + f" | {right} |")
+        if len(lost) > MISSED_ROWS:
+            lines.append(f"\n… and {len(lost) - MISSED_ROWS} more in `answers.jsonl`.")
+    return lines
 
 
 def plot_setups(res: dict[str, Any], path: Path) -> None:
@@ -181,7 +231,8 @@ def plot_blocking(res: dict[str, Any], path: Path) -> None:
 
 
 def write_report(res: dict[str, Any], directory: str | Path, command: str = "") -> list[Path]:
-    """report.md, accuracy_by_setup.png and (with block fractions) accuracy_vs_blocked.png."""
+    """report.md, accuracy_by_setup.png, (with block fractions) accuracy_vs_blocked.png and (with probes)
+    answers.jsonl: every probe with its expected answers, route and each setup's answer."""
     d = Path(directory).expanduser()
     if d.exists() and not d.is_dir():
         raise InputError(f"--report {directory}: exists and is not a directory")
@@ -191,6 +242,9 @@ def write_report(res: dict[str, Any], directory: str | Path, command: str = "") 
     if "blocking" in res:
         written.append(d / "accuracy_vs_blocked.png")
         plot_blocking(res, written[-1])
+    if res.get("answers"):
+        written.append(d / "answers.jsonl")
+        written[-1].write_text("".join(json.dumps(a) + "\n" for a in res["answers"]), encoding="utf-8")
     written[0].write_text(markdown(res, command), encoding="utf-8")
     return written
 

@@ -187,7 +187,8 @@ def answers(plan: Plan, results: dict[str, ItemResult]) -> list[dict[str, Any]]:
     """Per probe: its route, whether it routed right, and every variant's answer (for --json)."""
     out: list[dict[str, Any]] = []
     for i, p in enumerate(plan.probes):
-        out.append({"doc": p.doc, "kind": p.kind, "prompt": p.prompt, "route": [int(v) for v in plan.routes[i]],
+        out.append({"doc": p.doc, "kind": p.kind, "prompt": p.prompt, "expected": list(p.answers),
+                    "route": [int(v) for v in plan.routes[i]],
                     "routed_right": bool(plan.known[i] and plan.agree[i, -1]) if plan.known[i] else None,
                     "retrieved": plan.retrieved[i]["doc_id"] if plan.retrieved[i] else None,
                     "answers": {}})  # fmt: skip
