@@ -229,7 +229,9 @@ def train(
 ) -> None:
     """Train memory blocks on the frozen anchor; resumes an interrupted run. Under torchrun, units are
     shared out across the ranks (or groups of --dp ranks) and rank 0 records them."""
+    from ..ops.info import bank_missing_files
     from ..train.distributed import World
+    from ..train.reprompt import bank_rules_note
     from ..train.run import TrainEvent
     from ..train.run import train as do_train
     from .scale import train_out_command, worker_summary
@@ -317,6 +319,9 @@ def train(
     res = run(go, no_wait)
     if worker_summary(res, as_json):
         return
+    note = None if as_json else run(lambda: bank_rules_note(bank))
+    if note:
+        err.print(f"[yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)
     if as_json:
         print_json(
             {
@@ -330,7 +335,7 @@ def train(
         return
     if not res.units:
         out.print(f"nothing to train: every unit of bank {bank!r} is trained (use --retrain to train again)")
-        missing = run(lambda: _missing_blocks(bank))
+        missing = run(lambda: bank_missing_files(bank))
         if missing:
             err.print(
                 f"[yellow]but {len(missing)} block file(s) are missing ({', '.join(missing[:3])}): "
@@ -379,17 +384,6 @@ def train(
             f"{u.seconds:.0f}s",
         )
     out.print(table)
-
-
-def _missing_blocks(bank: str) -> list[str]:
-    from ..ops.info import missing_files
-    from ..registry import Registry
-
-    reg = Registry.open(bank)
-    try:
-        return missing_files(reg)
-    finally:
-        reg.close()
 
 
 @app.command()
@@ -470,6 +464,8 @@ def info(
     out.print(f"training  {d['training']}")
     if d.get("coverage"):
         out.print(coverage_line(d["coverage"]), highlight=False)
+    if d["prompt_rules"]["note"]:
+        err.print(f"[yellow]note:[/yellow] {d['prompt_rules']['note']}", highlight=False, soft_wrap=True)
     tags = ", ".join(f"{t} {n}" for t, n in d["tags"].items()) or "none"
     out.print(
         f"privacy   documents by tag: {tags}; {d['references']} reference document(s); "

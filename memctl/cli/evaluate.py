@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ..core.errors import InputError
 from ..core.probes import PROBE_TOKENS
-from ..eval.report import ci, gate_line, pct, write_report
+from ..eval.report import ci, gate_line, missed, pct, write_report
 from .common import (
     AnchorMixOpt,
     BankOpt,
@@ -182,6 +182,10 @@ def _pct(r: dict[str, Any]) -> str:
 def _print_results(res: dict[str, Any]) -> None:
     if res["n"]:
         _print_probes(res)
+        found = missed(res.get("answers", []))
+        if found and found[0]:
+            where = "the report lists them" if res.get("report") else "--report DIR lists them, with each answer"
+            err.print(f"open book answers {len(found[0])} probe(s) the fetched memories miss ({where})")
     if "perplexity" in res:
         _print_perplexity(res["perplexity"])
     for n in res.get("notes", []):

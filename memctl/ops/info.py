@@ -11,6 +11,7 @@ from ..registry import Registry, doctor_hint
 from ..registry.access import parse_tags, reach_by_level
 from ..registry.checkpoints import LEGACY_GLOB, pending_checkpoints
 from ..train.coverage import coverage_report
+from ..train.reprompt import outdated_note, rules_state
 
 
 def info(name: str, home: Path | None = None, allow: frozenset[str] | None = None) -> dict[str, Any]:
@@ -82,6 +83,7 @@ def info(name: str, home: Path | None = None, allow: frozenset[str] | None = Non
         "references": reg.count("reference_docs"),
         "forget_reports": reg.count("forget_reports"),
         "coverage": coverage_report(reg, runs),
+        "prompt_rules": {**rules_state(reg).to_dict(), "note": outdated_note(reg)},
     }
 
 
@@ -97,6 +99,15 @@ def missing_files(reg: Registry) -> list[str]:
     """Ids of blocks whose row names a file that is not there (a stat each, no read): `doctor` says more."""
     rows = reg.db.execute("select id, file from blocks where file is not null")
     return [r[0] for r in rows if not (reg.path / r[1]).is_file()]
+
+
+def bank_missing_files(name: str) -> list[str]:
+    """`missing_files` of bank `name`."""
+    reg = Registry.open(name)
+    try:
+        return missing_files(reg)
+    finally:
+        reg.close()
 
 
 def training_state(reg: Registry) -> str:

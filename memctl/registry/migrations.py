@@ -183,6 +183,12 @@ def _m008_study_hidden(db: sqlite_utils.Database) -> None:
     db["prompts"].add_column("hidden", bytes)
 
 
+def _m009_prompt_rules(db: sqlite_utils.Database) -> None:
+    """The version of the cloze rules (memctl.train.prompts.RULES) that wrote each window's prompts: 0 for
+    prompts written before the rules were versioned (`memctl reprompt` rewrites older ones)."""
+    db["windows"].add_column("prompt_rules", int, not_null_default=0)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_prompts,
@@ -192,6 +198,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m006_questions,
     _m007_study,
     _m008_study_hidden,
+    _m009_prompt_rules,
 ]
 
 

@@ -20,7 +20,7 @@ from ..model.anchor import Anchor
 from ..model.mix import mixed_logprobs
 from ..model.prefix import CACHE_BYTES, layer_outputs, logits_at, prefix_states, suffix_matches
 from ..registry import Registry
-from .kinds import untrained_kinds
+from .kinds import RULE_KINDS, untrained_kinds
 from .units import GENERIC
 
 
@@ -153,7 +153,7 @@ def prompt_samples(
     return [hosts.get((s.key, s.path), s) for s in out if (s.key, s.path) in hosts or (s.key, s.path) not in kept]
 
 
-CLOZE_KINDS = ("cloze", "paraphrase")
+CLOZE_KINDS = RULE_KINDS
 
 
 def merge_prefixes(samples: list[Sample]) -> list[Sample]:

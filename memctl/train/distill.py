@@ -34,7 +34,7 @@ from ..registry import Registry
 from .batches import Sample, _teacher, batch_loss, collate, loss_positions
 from .coverage import bank_coverage
 from .kinds import QUESTION
-from .prompts import joins_without_space, prompts_for
+from .prompts import RULES, joins_without_space, prompts_for
 from .questions import ANSWER_TOKENS, answer_questions, chat_prompt, write_questions
 from .study import add_study
 
@@ -93,7 +93,7 @@ def generate_prompts(reg: Registry, progress: Progress | None = None) -> int:
             m["l1"] = int(path[0])
     with reg.db.atomic():
         reg.db["prompts"].insert_all(made, batch_size=1000)
-        reg.db.execute("update windows set prompted = 1 where prompted = 0")
+        reg.db.execute("update windows set prompted = 1, prompt_rules = ? where prompted = 0", [RULES])
     return len(made)
 
 

@@ -7,6 +7,7 @@ Cloze and paraphrase prompts (memctl.train.prompts) are always trained on; ancho
 
 from __future__ import annotations
 
+RULE_KINDS = ("cloze", "paraphrase")  # written by the rules of memctl.train.prompts (versioned: its RULES)
 QUESTION = "question"  # an anchor-written question (memctl.train.questions)
 STUDY = "study"  # a self-study continuation (memctl.train.study)
 

@@ -25,6 +25,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+# The version of these rules. Bump it when a change makes them write other prompts for some text: each window
+# records the version that wrote its prompts, and `memctl reprompt` rewrites those of older versions.
+#   1: 2026-11-26 (1c6a850): one-word names, acronyms, quoted terms, slashed dates (0: any rules before)
+RULES = 1
+
 # a sentence ends at . ! ? after a lowercase letter, a digit or a closing mark, so initials ("Jane Q. Example",
 # "Sir H. Davy") do not end one
 _SENT = re.compile(r"(?<=[a-z0-9%)\]\"'][.!?])\s+(?=[A-Z0-9\"'(])")

@@ -1,0 +1,84 @@
+"""Prompts written by older cloze rules: the bank says so, `memctl reprompt` deletes them, and the next
+`memctl train` writes them again with this memctl's rules and retrains every unit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from memctl.build.ingest import ingest
+from memctl.cli import app
+from memctl.registry import Registry
+from memctl.train.kinds import RULE_KINDS
+from memctl.train.prompts import RULES
+from memctl.train.reprompt import outdated_note, reprompt, rules_state
+from memctl.train.run import train
+
+runner = CliRunner()
+TRAIN = {"epochs": 1, "objective": "distill", "preserve": 0.0, "study": 1}
+
+
+def _rule_prompts(reg: Registry, windows: list[int] | None = None) -> list[tuple[int, str, str]]:
+    kinds = ", ".join(f"'{k}'" for k in RULE_KINDS)
+    rows = reg.db.execute(f"select window_id, kind, text from prompts where kind in ({kinds}) order by id").fetchall()
+    return sorted((r[0], r[1], r[2]) for r in rows if windows is None or r[0] in windows)
+
+
+def test_reprompt_rewrites_what_older_rules_wrote_and_retrains(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    ingest("r", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    train("r", TRAIN, home=home)
+    reg = Registry.open("r", home)
+    n = reg.count("windows")
+    assert rules_state(reg).to_dict() == {"current": RULES, "windows": n, "outdated": 0, "oldest": None}
+    assert outdated_note(reg) is None and reprompt(reg).windows == 0  # nothing to rewrite: nothing changes
+    assert reg.db.execute("select count(*) from blocks where state = 'stale'").fetchone()[0] == 0
+
+    old = [r[0] for r in reg.db.execute("select id from windows order by id limit 2")]
+    reg.db.execute(f"update windows set prompt_rules = 0 where id in ({old[0]}, {old[1]})")  # as an older memctl
+    assert rules_state(reg).outdated == 2 and rules_state(reg).oldest == 0
+    assert f"2 of {n} windows have cloze prompts written by older rules (v0; memctl now writes v{RULES})" in (
+        outdated_note(reg) or ""
+    )
+    info = json.loads(runner.invoke(app, ["info", "--bank", "r", "--json"]).output)
+    assert info["prompt_rules"]["outdated"] == 2 and "memctl reprompt --bank r" in info["prompt_rules"]["note"]
+
+    before = _rule_prompts(reg)
+    theirs = _rule_prompts(reg, old)
+    study = reg.db.execute("select count(*) from prompts where kind = 'study'").fetchone()[0]
+    trained = reg.db.execute("select count(*) from blocks where state = 'trained'").fetchone()[0]
+    assert theirs and study > 0 and trained > 0
+    res = runner.invoke(app, ["reprompt", "--bank", "r", "--json"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.output)
+    assert rep["windows"] == 2 and rep["prompts_deleted"] == len(theirs) and len(rep["stale_blocks"]) == trained
+    reg = Registry.open("r", home)
+    assert _rule_prompts(reg, old) == [] and _rule_prompts(reg) == [p for p in before if p not in theirs]
+    assert reg.db.execute("select count(*) from prompts where kind = 'study'").fetchone()[0] == study  # kept
+    assert reg.db.execute("select count(*) from blocks where state = 'trained'").fetchone()[0] == 0
+    assert rules_state(reg).outdated == 0  # no longer prompted: the next train writes them
+
+    res = train("r", TRAIN, home=home)  # writes the two windows' prompts again and retrains every unit
+    reg = Registry.open("r", home)
+    assert _rule_prompts(reg) == before  # the same rules write the same prompts
+    assert rules_state(reg).to_dict() == {"current": RULES, "windows": n, "outdated": 0, "oldest": None}
+    assert reg.db.execute("select count(*) from blocks where state = 'trained'").fetchone()[0] == trained
+    assert res.units and res.prepare is not None and res.prepare.prompts_added == len(theirs)
+
+
+def test_reprompt_all_and_the_cli_lines(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    ingest("a", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    res = runner.invoke(app, ["reprompt", "--bank", "a"])
+    assert res.exit_code == 0 and "nothing to rewrite" in res.output  # never prompted: nothing written yet
+    train("a", {**TRAIN, "study": 0}, home=home)
+    res = runner.invoke(app, ["reprompt", "--bank", "a"])
+    assert res.exit_code == 0 and "nothing to rewrite" in res.output
+    reg = Registry.open("a", home)
+    n, prompts = reg.count("windows"), len(_rule_prompts(reg))
+    res = runner.invoke(app, ["reprompt", "--bank", "a", "--all"])
+    assert res.exit_code == 0, res.output
+    assert f"deleted {prompts:,} prompts of {n:,} windows" in res.output and "memctl train --bank a" in res.output
+    assert Registry.open("a", home).count("prompts") == 0
+    res = runner.invoke(app, ["reprompt", "--bank", "nope"])
+    assert res.exit_code != 0 and "Traceback" not in res.output
