@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TOPICS
+from rich.console import Console
 from typer.testing import CliRunner
 
 from memctl.build.ingest import ingest
@@ -22,6 +23,7 @@ from memctl.ops.browse import BankView, forced_path, level_states
 from memctl.privacy.controls import audit_doc, privacy_log
 from memctl.registry import Registry
 from memctl.train.run import train
+from memctl.tui.overview import coverage_renderable
 
 LONG_ID = "gases/a_very_long_document_name_about_the_noble_gases_and_the_signs_they_light_up_at_night.txt"
 LONG_TITLE = "The noble gases glow in many colours when a current runs through them in sealed glass"
@@ -185,6 +187,14 @@ def test_overview_holds_what_the_owner_asks_for(home: Path, console: Registry) -
         assert d["levels"][1]["blocked"] == 1 and d["privacy_log"][-1]["action"] == "block"
         assert d["privacy_log"][-1]["target"] == "2:1" and d["privacy_log"][-1]["reason"] == "why"
         assert level_states(console)[1]["blocked"] == 1
+        assert d["prompt_rules_note"] is None
+        console.db.execute("update windows set prompt_rules = 0 where id = (select min(id) from windows)")
+        note = view.overview()["prompt_rules_note"]
+        assert note and note.startswith("1 of ") and "memctl reprompt --bank v" in note
+        shown = Console(width=200, record=True)
+        shown.print(coverage_renderable(d["coverage"], note))
+        text = " ".join(shown.export_text().split())
+        assert "`memctl reprompt --bank v` rewrites them" in text and "content words" in text
     finally:
         view.close()
 

@@ -246,6 +246,7 @@ class BankView:
             "fetched_ratio": d["fetched_ratio"],
             "training": d["training"],
             "coverage": d["coverage"],
+            "prompt_rules_note": d["prompt_rules"]["note"],  # prompts from older rules (memctl reprompt)
             "levels": level_states(self.reg),
             "last_eval": _eval_summary(last) if last else None,
             "privacy_log": [{k: e[k] for k in ("at", "action", "target", "reason")} for e in log[-log_entries:]],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
@@ -65,7 +66,9 @@ def bank_table(d: dict[str, Any]) -> Table:
     return t
 
 
-def coverage_renderable(cov: dict[str, Any] | None) -> Table | Text:
+def coverage_renderable(cov: dict[str, Any] | None, note: str | None = None) -> Table | Text | Group:
+    if note:  # prompts written by older rules: said above the figures they shape
+        return Group(Text(note, style="yellow"), coverage_renderable(cov))
     if cov is None:
         return Text("no prompts yet: coverage comes with distillation training (`memctl train`)", style="dim")
     if cov.get("objective") == "lm":
@@ -144,6 +147,6 @@ class Overview(VerticalScroll):
         self.query_one("#ov-bank", Static).update(bank_table(d))
         self.query_one("#ov-bank", Static).border_title = f"bank {d['bank']}"
         self.query_one("#ov-levels", Static).update(levels_table(d["levels"]))
-        self.query_one("#ov-coverage", Static).update(coverage_renderable(d["coverage"]))
+        self.query_one("#ov-coverage", Static).update(coverage_renderable(d["coverage"], d.get("prompt_rules_note")))
         self.query_one("#ov-eval", Static).update(eval_renderable(d["last_eval"]))
         self.query_one("#ov-log", Static).update(log_renderable(d["privacy_log"], d["privacy_log_total"]))
