@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_hostile import PIECES, _blocks, _old_split, _spans_of, quarter, words
+from test_hostile_input import PIECES, _blocks, _old_split, _spans_of, quarter, words
 
 import memctl.build.windowing as windowing
 from memctl.build.windowing import windows_of
