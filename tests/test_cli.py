@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -148,3 +151,13 @@ def test_bad_input_to_an_existing_bank_changes_nothing(
     assert "--preserve-pool" in one_error_line(invoke("train", "--bank", "b", "--preserve-pool", "0"))
     one_error_line(invoke("ask", "", "--bank", "b"))
     assert tree_digest(home / "banks") == before
+
+
+@pytest.mark.parametrize(("columns", "width"), [(None, "160"), ("100", "100")])
+def test_output_into_a_log_is_wide_enough_for_whole_numbers(columns: str | None, width: str) -> None:
+    """Into a pipe rich would print 80 columns and cut a table's numbers ("152,9…"); memctl's consoles take
+    LOG_WIDTH there, unless COLUMNS says otherwise."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | ({"COLUMNS": columns} if columns else {})
+    code = "from memctl.cli.common import err, out; print(out.width, err.width)"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == [width, width]

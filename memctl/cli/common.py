@@ -73,8 +73,19 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Hierarchical parametric memories for a frozen small language model.",
 )
-out = Console()
-err = Console(stderr=True)
+LOG_WIDTH = 160  # columns when the output is a file or a pipe: rich's 80 cut tables' numbers ("152,9…")
+
+
+def _console(stderr: bool = False) -> Console:
+    """A rich console; into a log or a pipe (not a terminal, no COLUMNS set) it is LOG_WIDTH wide."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = LOG_WIDTH
+    return console
+
+
+out = _console()
+err = _console(stderr=True)
 T = TypeVar("T")
 
 BankOpt = Annotated[str, typer.Option("--bank", "-b", help="Bank name (under MEMCTL_HOME, default ~/.memctl).")]
