@@ -259,6 +259,9 @@ def test_perplexity_routes_the_whole_document(home: Path, bank: Registry, tmp_pa
         (d,) = pp["documents"]
         assert d["route"] == [int(v) for v in whole] and d["tokens"] == rows["anchor"]["tokens"]
         assert d["nll"]["fetched"] == pytest.approx(rows["fetched"]["nll_per_token"] * d["tokens"])
+        reading = float(s.route_gated([doc.read_text()]).relevance[0])  # the gate's reading, and its verdict
+        assert d["relevance"] == pytest.approx(reading, abs=1e-4)
+        assert d["gated"] == (s.relevance_floor > 0 and not reading >= s.relevance_floor)
         if not d["gated"]:  # one document that fetched: its ratio is the whole set's
             assert pp["gated"] == 0 and rows["fetched"]["fetched_docs"] == 1
             assert rows["fetched"]["ratio_on_fetched"] == pytest.approx(rows["fetched"]["ratio_to_anchor"])
@@ -319,6 +322,11 @@ def test_cli_eval_report_json_and_history(home: Path, bank: Registry, probe_file
     written = [json.loads(line) for line in (report / "answers.jsonl").read_text().splitlines()]
     assert [a["prompt"] for a in written] == [p["prompt"] for p in PROBES]
     assert written[0]["expected"] == ["red"] and set(written[0]["answers"]) >= {"anchor", "fetched", "rag"}
+    with BankSession("e", home) as s:  # each probe: the gate's reading of it and its verdict
+        readings = s.route_gated([p["prompt"] for p in PROBES]).relevance
+        floor = s.relevance_floor
+    assert [a["relevance"] for a in written] == pytest.approx([float(v) for v in readings], abs=1e-4)
+    assert [a["unrelated"] for a in written] == [bool(floor > 0 and not v >= floor) for v in readings]
     assert "## What the memories missed" not in md  # no probe was answered open book (no oracle-rag here)
     res = runner.invoke(app, ["eval", "--bank", "e", "--probes", str(probe_file), "--setups", "anchor,fetched"])
     assert res.exit_code == 0 and "probe accuracy on e" in res.output

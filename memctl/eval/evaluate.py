@@ -20,6 +20,7 @@ committed as they come, so a stopped run resumes.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -83,6 +84,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
     tree, notes = session.tree, []
     r = session.route_gated([p.prompt for p in probes])  # r.off: the gate leaves these to the anchor alone
     x, routes, off, gated = r.x, r.paths, r.off, r.gated
+    rel = readings(r.relevance)
     by_doc = doc_routes(session)
     known = np.array([p.doc in by_doc for p in probes], dtype=bool)
     setups = list(opts.setups)
@@ -106,7 +108,8 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
     jobs: list[Job] = []
 
     def add(group: str, i: int, prompt: str, mode: str, paths: np.ndarray | None = None, sub: str = "") -> None:
-        jobs.append(Job(f"{group}|{i}|{sub}", group, i, probes[i].doc, prompt, mode, paths, off=bool(off[i])))
+        jobs.append(Job(f"{group}|{i}|{sub}", group, i, probes[i].doc, prompt, mode, paths, off=bool(off[i]),
+                        relevance=rel[i]))  # fmt: skip
 
     for s in setups:
         for i, p in enumerate(probes):
@@ -159,7 +162,13 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
         )
     agree = agreement(routes, [p.doc for p in probes], by_doc)
     info = [r.to_dict() if r else None for r in retrieved]
-    return Plan(probes, jobs + ppl_jobs, routes, agree, known, blocked, info, notes, len(ppl_texts), opts.answer_tokens)
+    return Plan(probes, jobs + ppl_jobs, routes, agree, known, blocked, info, notes, len(ppl_texts), opts.answer_tokens,
+                rel, [bool(v) for v in off])  # fmt: skip
+
+
+def readings(sims: np.ndarray) -> list[float | None]:
+    """The gate's reading of each context, for --json: None where it has none (NaN: no leaf to read)."""
+    return [round(float(v), 4) if math.isfinite(v) else None for v in np.asarray(sims, dtype=np.float64).tolist()]
 
 
 def perplexity_jobs(session: BankSession, texts: Sequence[str], setups: Sequence[str]) -> list[Job]:
@@ -170,7 +179,7 @@ def perplexity_jobs(session: BankSession, texts: Sequence[str], setups: Sequence
     tok = session.anchor.tokenizer
     size = max(2, min(PPL_CHUNK, session.cfg.window))
     r = session.route_gated(texts)  # the relevance gate, as for probes
-    off, routes = r.off, r.gated
+    off, routes, rel = r.off, r.gated, readings(r.relevance)
     jobs = []
     for d, text in enumerate(texts):
         ids = tok(text, add_special_tokens=False)["input_ids"]
@@ -179,7 +188,8 @@ def perplexity_jobs(session: BankSession, texts: Sequence[str], setups: Sequence
         for s in setups:
             for c, seq in enumerate(chunks):
                 paths = routes[d][None] if s == "fetched" else None
-                job = Job(f"ppl {s}|{d}|{c}", f"ppl {s}", d, "", "", PPL_SETUPS[s], paths, list(seq), bool(off[d]))
+                job = Job(f"ppl {s}|{d}|{c}", f"ppl {s}", d, "", "", PPL_SETUPS[s], paths, list(seq), bool(off[d]),
+                          rel[d])  # fmt: skip
                 jobs.append(job)
     return jobs
 

@@ -66,6 +66,7 @@ class Job:
     paths: np.ndarray | None = None  # (n, p) for fetched; -1 = nothing at that level
     seqs: list[int] = field(default_factory=list)  # perplexity: the chunk's token ids
     off: bool = False  # the relevance gate left this context to the anchor alone (generic mode)
+    relevance: float | None = None  # the gate's reading of this context (None: no leaf to read)
 
 
 @dataclass
@@ -80,3 +81,5 @@ class Plan:
     notes: list[str]
     ppl_docs: int = 0
     answer_tokens: int = PROBE_TOKENS
+    relevance: list[float | None] = field(default_factory=list)  # per probe: the gate's reading (Router.similarity)
+    unrelated: list[bool] = field(default_factory=list)  # per probe: below the floor, left to the anchor alone

@@ -150,7 +150,8 @@ def perplexity(groups: dict[str, list[tuple[Job, ItemResult]]], docs: int) -> di
         first = not documents  # every setup scores the same chunks: count each document's tokens once
         for j, r in pairs:
             doc = documents.setdefault(
-                j.index, {"index": j.index, "route": None, "gated": j.off, "tokens": 0, "nll": {}}
+                j.index,
+                {"index": j.index, "route": None, "gated": j.off, "relevance": j.relevance, "tokens": 0, "nll": {}},
             )
             doc["nll"][s] = doc["nll"].get(s, 0.0) + r.nll
             doc["tokens"] += r.tokens if first else 0
@@ -191,6 +192,8 @@ def answers(plan: Plan, results: dict[str, ItemResult]) -> list[dict[str, Any]]:
                     "route": [int(v) for v in plan.routes[i]],
                     "routed_right": bool(plan.known[i] and plan.agree[i, -1]) if plan.known[i] else None,
                     "retrieved": plan.retrieved[i]["doc_id"] if plan.retrieved[i] else None,
+                    "relevance": plan.relevance[i] if plan.relevance else None,
+                    "unrelated": plan.unrelated[i] if plan.unrelated else False,
                     "answers": {}})  # fmt: skip
     for j in plan.jobs:
         if j.seqs:
