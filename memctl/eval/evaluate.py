@@ -108,8 +108,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
     jobs: list[Job] = []
 
     def add(group: str, i: int, prompt: str, mode: str, paths: np.ndarray | None = None, sub: str = "") -> None:
-        jobs.append(Job(f"{group}|{i}|{sub}", group, i, probes[i].doc, prompt, mode, paths, off=bool(off[i]),
-                        relevance=rel[i]))  # fmt: skip
+        jobs.append(Job(f"{group}|{i}|{sub}", group, i, probes[i].doc, prompt, mode, paths, off=bool(off[i])))
 
     for s in setups:
         for i, p in enumerate(probes):

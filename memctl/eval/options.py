@@ -66,7 +66,7 @@ class Job:
     paths: np.ndarray | None = None  # (n, p) for fetched; -1 = nothing at that level
     seqs: list[int] = field(default_factory=list)  # perplexity: the chunk's token ids
     off: bool = False  # the relevance gate left this context to the anchor alone (generic mode)
-    relevance: float | None = None  # the gate's reading of this context (None: no leaf to read)
+    relevance: float | None = None  # perplexity: the gate's reading of the document (None: no leaf to read)
 
 
 @dataclass
