@@ -13,6 +13,8 @@ from conftest import tree_digest
 from typer.testing import CliRunner
 
 from memctl.cli import app
+from memctl.cli.common import epoch_line
+from memctl.train.loop import TrainEvent
 
 runner = CliRunner()
 
@@ -49,6 +51,29 @@ def test_ingest_train_info_ask(home: Path, corpus: Path, tiny_anchor: Path) -> N
     generic = json.loads(invoke("ask", "--bank", "b", "Iron is a metal", "--generic", "--json").stdout)
     assert generic["blocks"] == ["generic"] and generic["path"] is None
     assert invoke("train", "--bank", "b").stdout.startswith("nothing to train")
+
+
+def test_train_into_a_log_writes_a_line_per_epoch_with_each_kind_of_loss(
+    home: Path, corpus: Path, tiny_anchor: Path
+) -> None:
+    make_bank(corpus, tiny_anchor)
+    res = invoke("train", "--bank", "b", "--epochs", "2", "--subtree", "0", "--study", "0")
+    assert res.exit_code == 0, res.output
+    ends = [line for line in res.output.splitlines() if " done: mean loss " in line]
+    assert [line.split(" done")[0] for line in ends] == ["unit 0 epoch 1", "unit 0 epoch 2"]
+    for line in ends:
+        means = dict(part.rsplit(" ", 1) for part in line.split("mean loss ")[1].split(", held-out")[0].split(", "))
+        assert set(means) == {"distillation", "preservation"} and all(float(v) > 0 for v in means.values())
+    assert "starting over" not in res.output
+
+
+def test_an_epoch_line_says_when_a_unit_starts_over() -> None:
+    why = "preservation loss 2.410 > 1.2x the first epoch's 1.670"
+    ev = TrainEvent("3", 0, 1, 40, 80, 1, 2.0, 100, 9.0, 0.25, {"kd": 1.5, "keep": 2.41}, why)
+    assert epoch_line(ev) == (
+        "epoch 2 done: mean loss distillation 1.500, preservation 2.410, held-out 25%; "
+        "preservation loss 2.410 > 1.2x the first epoch's 1.670: starting over at half the learning rate"
+    )
 
 
 def test_new_documents_in_a_trained_bank_are_routed_and_mark_blocks_stale(

@@ -13,7 +13,7 @@ import memctl.train.loop as loop
 from memctl.build.ingest import ingest
 from memctl.registry import Registry
 from memctl.train.checkpoint import TrainState, decode, encode
-from memctl.train.diverge import DIVERGED_RATIO, diverged, epoch_means, kind_counts
+from memctl.train.diverge import DIVERGED_RATIO, DRIFT_RATIO, diverged, epoch_means, kind_counts
 from memctl.train.run import train
 
 
@@ -27,8 +27,23 @@ def test_an_epoch_diverges_when_a_kind_doubles_its_best_mean_or_is_not_finite() 
     assert 3.3 > DIVERGED_RATIO * 1.55 and diverged(climbed, counts, 2)
     broke = {"kd": [2.0, 1.8, 1.6, 1.5, 1.4, 1.3], "keep": [1.6, 1.62, 5.2]}  # preservation too
     assert diverged(broke, counts, 2)
-    assert diverged({"kd": [2.0, 1.8, math.nan, 1.5], "keep": [1.6, 1.6]}, counts, 1)
+    assert diverged({"kd": [2.0, 1.8, math.nan, 1.5], "keep": [1.6, 1.6]}, counts, 1) == "distillation loss is nan"
     assert not diverged({"kd": [9.0, 9.0]}, counts, 0)  # nothing earlier to compare with
+
+
+def test_an_epoch_drifts_when_its_preservation_loss_climbs_a_fifth_above_the_first_epochs() -> None:
+    counts = kind_counts([["kd", "keep"]] * 4)
+    kd = [2.6, 2.1, 2.0, 2.0]  # stalled near 2.0: never twice its best
+    # FOLDOC at lr 1e-2 (docs/corpora.md): preservation 1.67 to 2.41 with no epoch twice the best
+    drifting = {"kd": kd, "keep": [1.67, 1.85, 2.05, 2.41]}
+    assert DRIFT_RATIO < 2.41 / 1.67 and not diverged(drifting, counts, 1)  # 1.11x: not yet
+    assert diverged(drifting, counts, 2) == "preservation loss 2.050 > 1.2x the first epoch's 1.670"
+    # healthy units keep it flat, or let it fall and come back: never above the first epoch's by a fifth
+    assert not any(diverged({"kd": kd, "keep": [1.68, 1.66, 1.70, 1.64]}, counts, e) for e in range(4))
+    assert not diverged({"kd": kd, "keep": [1.7, 1.2, 1.9, 2.0]}, counts, 3)  # 2.0 < 1.2 x 1.7
+    assert diverged({"kd": kd, "keep": [1.7, 1.2, 1.9, 2.5]}, counts, 3)  # 2.5 > 2 x 1.2, the best
+    lm_counts = kind_counts([["lm", "keep"]] * 4)  # the drift rule reads the preservation loss only
+    assert not diverged({"lm": [3.0, 3.8, 3.8, 3.8], "keep": [1.7, 1.7, 1.7, 1.7]}, lm_counts, 3)
 
 
 def test_the_restart_count_travels_in_the_checkpoint() -> None:
@@ -46,11 +61,11 @@ def test_a_diverged_unit_starts_over_at_half_the_learning_rate_and_resumes_exact
 ) -> None:
     fired = {"done": False}
 
-    def once(losses: dict[str, list[float]], counts: Any, epoch: int) -> bool:
+    def once(losses: dict[str, list[float]], counts: Any, epoch: int) -> str | None:
         if epoch == 0 and not fired["done"]:
             fired["done"] = True
-            return True
-        return False
+            return "distillation loss is nan"
+        return None
 
     monkeypatch.setattr(loop, "diverged", once)
     cfg = {"epochs": 3, "batch_size": 2, "checkpoint_every": 1000, "lr": 1e-2, "preserve": 0.5, "study": 1}

@@ -19,6 +19,7 @@ from .common import (
     Rates,
     app,
     coverage_line,
+    epoch_line,
     err,
     human_bytes,
     human_params,
@@ -262,6 +263,9 @@ def train(
             rates = Rates()
 
             def log(ev: TrainEvent) -> None:
+                who = (f"rank {world.rank}: " if world.size > 1 else "") + f"unit {ev.unit} "
+                if not as_json and ev.epoch_losses is not None:  # every epoch's end, however soon
+                    err.print(who + epoch_line(ev), highlight=False)
                 if not as_json and (ev.step == ev.total_steps or time.monotonic() - last[0] > 10):
                     last[0] = time.monotonic()
                     if ev.unit_no < 0:  # a preparation stage: prompts, teacher cache, self-study, prefix cache
@@ -271,8 +275,7 @@ def train(
                     held = f" held-out {100 * ev.heldout:.0f}%" if ev.heldout is not None else ""
                     pace = rates(f"unit {ev.unit}", ev.step, ev.total_steps)  # steps/s and the unit's ETA
                     err.print(
-                        (f"rank {world.rank}: " if world.size > 1 else "")
-                        + f"unit {ev.unit} ({ev.unit_no + 1}/{ev.n_units}) step {ev.step}/{ev.total_steps} "
+                        who + f"({ev.unit_no + 1}/{ev.n_units}) step {ev.step}/{ev.total_steps} "
                         f"loss {ev.loss:.3f}{held} {ev.tokens_per_s:.0f} tok/s{pace}",
                         highlight=False,
                     )
@@ -301,6 +304,8 @@ def train(
                         tps=0.0,
                         held="-",
                     )
+                if ev.restart:
+                    bar.console.print(f"unit {ev.unit} {epoch_line(ev)}", highlight=False)
                 held = f"{100 * ev.heldout:.0f}%" if ev.heldout is not None else "-"
                 bar.update(
                     tasks[ev.unit],

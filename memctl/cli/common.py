@@ -337,3 +337,14 @@ def human_params(n: float) -> str:
         if n >= div:
             return f"{n / div:.2f}{unit}"
     return str(int(n))
+
+
+def epoch_line(ev: Any) -> str:
+    """A unit's epoch that just ended (a memctl.train.loop.TrainEvent with epoch_losses): each batch kind's
+    mean loss, held-out accuracy, and why the unit starts over at half the learning rate, if it does."""
+    from ..train.diverge import KIND_NAMES
+
+    means = ", ".join(f"{KIND_NAMES.get(k, k)} {v:.3f}" for k, v in sorted((ev.epoch_losses or {}).items()))
+    held = f", held-out {100 * ev.heldout:.0f}%" if ev.heldout is not None else ""
+    again = f"; {ev.restart}: starting over at half the learning rate" if ev.restart else ""
+    return f"epoch {ev.epoch + 1} done: mean loss {means}{held}{again}"

@@ -8,7 +8,17 @@ to 5.2, leaving blocks that answered nothing and made unrelated text 4.8x as per
 epoch the loop compares each batch kind's mean loss with that kind's best earlier epoch; a mean that
 is not finite or more than DIVERGED_RATIO times the best means the unit diverged. Starting over
 (rather than rolling back to an earlier epoch) keeps resuming exact: the restart count is all a
-checkpoint needs to carry."""
+checkpoint needs to carry.
+
+A unit can also go wrong slowly. In a FOLDOC unit at 1e-2 (docs/corpora.md, 2026-11-27) the
+distillation loss fell, then stalled near 2.0 while the preservation loss drifted from 1.67 to 2.41
+(first and last 5% of its steps): no epoch was twice the best, yet the blocks learned little and
+made the unrelated text routed into them 3.6x as perplexing. The same bank at half the learning
+rate trained well, its preservation loss flat (1.68 to 1.66). The preservation loss is the student's
+cross-entropy to the anchor on text no document wrote, so it rising is the memories harming text
+they should leave alone: an epoch whose preservation mean exceeds DRIFT_RATIO times the first
+epoch's has drifted, and the unit starts over the same way. Healthy units measured so far end at
+0.97 to 1.0 times their first steps' preservation loss."""
 
 from __future__ import annotations
 
@@ -17,6 +27,9 @@ from collections import Counter
 from collections.abc import Sequence
 
 DIVERGED_RATIO = 2.0  # an epoch's mean loss this many times the kind's best earlier epoch: diverged
+DRIFT_RATIO = 1.2  # an epoch's preservation mean this many times the first epoch's: drifted
+PRESERVE = "keep"  # the preservation batches' kind (memctl.train.batches)
+KIND_NAMES = {"lm": "next-token", "kd": "distillation", PRESERVE: "preservation"}
 MAX_RESTARTS = 2  # then the unit trains on as it is (the result records the restarts)
 
 
@@ -37,14 +50,23 @@ def epoch_means(losses: dict[str, list[float]], counts: Sequence[dict[str, int]]
     return out
 
 
-def diverged(losses: dict[str, list[float]], counts: Sequence[dict[str, int]], epoch: int) -> bool:
-    """Whether `epoch` (just finished) diverged: some kind's mean loss is not finite, or more than
-    DIVERGED_RATIO times its best mean in an earlier epoch."""
+def diverged(losses: dict[str, list[float]], counts: Sequence[dict[str, int]], epoch: int) -> str | None:
+    """Why `epoch` (just finished) means the unit must start over, or None: some kind's mean loss is
+    not finite, or more than DIVERGED_RATIO times its best mean in an earlier epoch, or the
+    preservation mean is more than DRIFT_RATIO times the first epoch's."""
     now = epoch_means(losses, counts, epoch)
-    if any(not math.isfinite(v) for v in now.values()):
-        return True
+    for kind, value in now.items():
+        if not math.isfinite(value):
+            return f"{KIND_NAMES.get(kind, kind)} loss is {value}"
+    firsts: dict[str, float] = {}
     for kind, value in now.items():
         earlier = [m[kind] for e in range(epoch) if kind in (m := epoch_means(losses, counts, e))]
         if earlier and value > DIVERGED_RATIO * min(earlier):
-            return True
-    return False
+            best = min(earlier)
+            return f"{KIND_NAMES.get(kind, kind)} loss {value:.3f} > {DIVERGED_RATIO:g}x its best epoch's {best:.3f}"
+        if earlier:
+            firsts[kind] = earlier[0]
+    if PRESERVE in firsts and now[PRESERVE] > DRIFT_RATIO * firsts[PRESERVE]:
+        first = firsts[PRESERVE]
+        return f"preservation loss {now[PRESERVE]:.3f} > {DRIFT_RATIO:g}x the first epoch's {first:.3f}"
+    return None

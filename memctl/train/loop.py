@@ -38,7 +38,7 @@ from .checkpoint import TrainState, read_checkpoint, save_checkpoint
 from .checkpoint import decode as decode_checkpoint
 from .dataparallel import DataParallel
 from .distill import PrepareReport, generate_prompts, heldout_accuracy, heldout_loss, heldout_prompts, prepare
-from .diverge import MAX_RESTARTS, diverged, kind_counts
+from .diverge import MAX_RESTARTS, diverged, epoch_means, kind_counts
 from .optim import BlockAdamW, clip_grad_norm, lr_at
 from .preserve import own_window_samples, prepare_pool
 from .records import TrainedUnit, UnitResult
@@ -59,6 +59,10 @@ class TrainEvent:
     tokens: int  # tokens trained so far in this unit
     tokens_per_s: float
     heldout: float | None = None  # held-out prompt accuracy after the last finished epoch
+    # at the end of an epoch: each batch kind's mean loss in it (lm, kd, keep: memctl.train.diverge),
+    # and why the unit now starts over at half the learning rate (its loss diverged or drifted), if it does
+    epoch_losses: dict[str, float] | None = None
+    restart: str | None = None
 
 
 @dataclass
@@ -249,14 +253,7 @@ def train_unit(
             stopped_early = step < total and should_stop(
                 scores, held_losses, len(heldout.prompts), tcfg.epochs, tcfg.patience
             )
-        if epoch_done and restarts < MAX_RESTARTS and diverged(losses, counts, epoch):
-            # start over from the seeded initial state with half the learning rate; the tokens already
-            # trained still count (they were spent), the provenance and scores are the new run's
-            restarts += 1
-            params = UnitParams(cfg, unit, anchor.device)
-            opt = _optimizer(params, tcfg)
-            step, losses, seen, scores, held_losses, stopped_early = 0, {}, {}, [], [], False
-            continue
+        restart = diverged(losses, counts, epoch) if epoch_done and restarts < MAX_RESTARTS else None
         if progress:
             el = time.perf_counter() - t_start
             progress(
@@ -271,8 +268,18 @@ def train_unit(
                     tokens,
                     tokens / max(el, 1e-9),
                     scores[-1] if scores else None,
+                    epoch_means(losses, counts, epoch) if epoch_done else None,
+                    restart,
                 )
             )
+        if restart:
+            # start over from the seeded initial state with half the learning rate; the tokens already
+            # trained still count (they were spent), the provenance and scores are the new run's
+            restarts += 1
+            params = UnitParams(cfg, unit, anchor.device)
+            opt = _optimizer(params, tcfg)
+            step, losses, seen, scores, held_losses, stopped_early = 0, {}, {}, [], [], False
+            continue
         stopping = stop_now or (max_steps is not None and step >= max_steps)
         if checkpoints and lead and (step % tcfg.checkpoint_every == 0 or stopping) and not stopped_early:
             checkpoint()
