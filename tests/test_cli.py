@@ -12,7 +12,7 @@ import pytest
 from conftest import tree_digest
 from typer.testing import CliRunner
 
-from memctl.cli import app
+from memctl.cli import app, common
 from memctl.cli.common import epoch_line
 from memctl.train.loop import TrainEvent
 
@@ -74,6 +74,16 @@ def test_an_epoch_line_says_when_a_unit_starts_over() -> None:
         "epoch 2 done: mean loss distillation 1.500, preservation 2.410, held-out 25%; "
         "preservation loss 2.410 > 1.2x the first epoch's 1.670: starting over at half the learning rate"
     )
+
+
+def test_a_counter_that_goes_back_gets_its_rate_and_eta_measured_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter([0.0, 10.0, 20.0, 30.0, 40.0])
+    monkeypatch.setattr(common.time, "monotonic", lambda: next(clock))
+    rates = common.Rates()
+    assert rates("unit 0", 10, 100) == " (0.00/s)"
+    assert rates("unit 0", 30, 100) == " (2.00/s, ETA 35s)"
+    assert rates("unit 0", 5, 100) == " (0.00/s)"  # the unit started over: no rate from its first start
+    assert rates("unit 0", 15, 100) == " (1.00/s, ETA 85s)"
 
 
 def test_new_documents_in_a_trained_bank_are_routed_and_mark_blocks_stale(

@@ -13,7 +13,7 @@ import memctl.train.loop as loop
 from memctl.build.ingest import ingest
 from memctl.registry import Registry
 from memctl.train.checkpoint import TrainState, decode, encode
-from memctl.train.diverge import DIVERGED_RATIO, DRIFT_RATIO, diverged, epoch_means, kind_counts
+from memctl.train.diverge import DIVERGED_RATIO, diverged, epoch_means, kind_counts
 from memctl.train.run import train
 
 
@@ -32,16 +32,17 @@ def test_an_epoch_diverges_when_a_kind_doubles_its_best_mean_or_is_not_finite() 
 
 
 def test_an_epoch_drifts_when_its_preservation_loss_climbs_a_fifth_above_the_first_epochs() -> None:
-    counts = kind_counts([["kd", "keep"]] * 4)
-    kd = [2.6, 2.1, 2.0, 2.0]  # stalled near 2.0: never twice its best
-    # FOLDOC at lr 1e-2 (docs/corpora.md): preservation 1.67 to 2.41 with no epoch twice the best
-    drifting = {"kd": kd, "keep": [1.67, 1.85, 2.05, 2.41]}
-    assert DRIFT_RATIO < 2.41 / 1.67 and not diverged(drifting, counts, 1)  # 1.11x: not yet
-    assert diverged(drifting, counts, 2) == "preservation loss 2.050 > 1.2x the first epoch's 1.670"
+    counts = kind_counts([["kd", "keep"]] * 5)
+    # the epoch means of the FOLDOC unit at lr 1e-2 (docs/corpora.md): distillation stalled, never twice
+    # its best, while preservation crept up
+    kd = [2.835, 2.639, 2.044, 1.867, 2.234]
+    drifting = {"kd": kd, "keep": [1.712, 1.889, 1.927, 1.969, 2.175]}
+    assert not any(diverged(drifting, counts, e) for e in range(4))  # 1.15x at most: not yet
+    assert diverged(drifting, counts, 4) == "preservation loss 2.175 > 1.2x the first epoch's 1.712"
     # healthy units keep it flat, or let it fall and come back: never above the first epoch's by a fifth
-    assert not any(diverged({"kd": kd, "keep": [1.68, 1.66, 1.70, 1.64]}, counts, e) for e in range(4))
-    assert not diverged({"kd": kd, "keep": [1.7, 1.2, 1.9, 2.0]}, counts, 3)  # 2.0 < 1.2 x 1.7
-    assert diverged({"kd": kd, "keep": [1.7, 1.2, 1.9, 2.5]}, counts, 3)  # 2.5 > 2 x 1.2, the best
+    assert not any(diverged({"kd": kd, "keep": [1.68, 1.66, 1.70, 1.64, 1.66]}, counts, e) for e in range(5))
+    assert not diverged({"kd": kd, "keep": [1.7, 1.2, 1.9, 2.0, 2.0]}, counts, 4)  # 2.0 < 1.2 x 1.7
+    assert diverged({"kd": kd, "keep": [1.7, 1.2, 1.9, 2.0, 2.5]}, counts, 4)  # 2.5 > 2 x 1.2, the best
     lm_counts = kind_counts([["lm", "keep"]] * 4)  # the drift rule reads the preservation loss only
     assert not diverged({"lm": [3.0, 3.8, 3.8, 3.8], "keep": [1.7, 1.7, 1.7, 1.7]}, lm_counts, 3)
 

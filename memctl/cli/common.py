@@ -297,14 +297,20 @@ def stage_progress(enabled: bool = True) -> Iterator[Callable[[str, int, int], N
 
 class Rates:
     """Rate and ETA of progress counters, each from its first report: `rates(key, done, total)` is
-    " (R/s, ETA Ns)" for a log line (no ETA before a second report)."""
+    " (R/s, ETA Ns)" for a log line (no ETA before a second report). A counter that goes back (a unit
+    that starts over) is measured again from there."""
 
     def __init__(self) -> None:
         self._start: dict[str, tuple[float, int]] = {}
+        self._last: dict[str, int] = {}
 
     def __call__(self, key: str, done: int, total: int) -> str:
-        t0, n0 = self._start.setdefault(key, (time.monotonic(), done))
-        rate = (done - n0) / max(time.monotonic() - t0, 1e-9)
+        if done < self._last.get(key, done):
+            del self._start[key]
+        self._last[key] = done
+        now = time.monotonic()
+        t0, n0 = self._start.setdefault(key, (now, done))
+        rate = (done - n0) / max(now - t0, 1e-9)
         eta = f", ETA {(total - done) / rate:.0f}s" if rate > 0 else ""
         return f" ({rate:.2f}/s{eta})"
 
