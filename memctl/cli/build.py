@@ -375,7 +375,7 @@ def train(
     for u in res.units:
         resumed = f" (resumed at {u.resumed_from})" if u.resumed_from else ""
         if u.restarts:  # memctl.train.diverge
-            resumed += f" (loss diverged: restarted {u.restarts}x at a lower learning rate)"
+            resumed += f" (loss diverged or drifted: restarted {u.restarts}x at a lower learning rate)"
         held = " ".join(f"{100 * h:.0f}" for h in u.heldout) + ("% (early stop)" if u.stopped_early else "%")
         table.add_row(
             u.unit,
