@@ -17,8 +17,10 @@ made the unrelated text routed into them 3.6x as perplexing. The same bank at ha
 rate trained well, its preservation loss flat (1.68 to 1.66). The preservation loss is the student's
 cross-entropy to the anchor on text no document wrote, so it rising is the memories harming text
 they should leave alone: an epoch whose preservation mean exceeds DRIFT_RATIO times the first
-epoch's has drifted, and the unit starts over the same way. Healthy units measured so far end at
-0.97 to 1.0 times their first steps' preservation loss."""
+epoch's has drifted, and the unit starts over the same way. That FOLDOC unit's epoch means were
+1.712, 1.889, 1.927, 1.969 and 2.175 (1.27x: restarted after epoch 5, it then trained as well as at
+5e-3); healthy units' stayed within 1.04x of their first epoch's (FOLDOC at 5e-3, the fictional
+corpus at 1e-2), and ended below it."""
 
 from __future__ import annotations
 
