@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -27,6 +27,10 @@ from typer._click.exceptions import ClickException
 from typer.core import TyperGroup
 
 from ..core.errors import InputError, MemctlError
+from ..train.diverge import KIND_NAMES
+
+if TYPE_CHECKING:
+    from ..train.loop import TrainEvent
 
 
 class UsageError(MemctlError):
@@ -345,11 +349,9 @@ def human_params(n: float) -> str:
     return str(int(n))
 
 
-def epoch_line(ev: Any) -> str:
-    """A unit's epoch that just ended (a memctl.train.loop.TrainEvent with epoch_losses): each batch kind's
-    mean loss, held-out accuracy, and why the unit starts over at half the learning rate, if it does."""
-    from ..train.diverge import KIND_NAMES
-
+def epoch_line(ev: TrainEvent) -> str:
+    """A unit's epoch that just ended (an event with epoch_losses): each batch kind's mean loss,
+    held-out accuracy, and why the unit starts over at half the learning rate, if it does."""
     means = ", ".join(f"{KIND_NAMES.get(k, k)} {v:.3f}" for k, v in sorted((ev.epoch_losses or {}).items()))
     held = f", held-out {100 * ev.heldout:.0f}%" if ev.heldout is not None else ""
     again = f"; {ev.restart}: starting over at half the learning rate" if ev.restart else ""

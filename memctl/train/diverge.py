@@ -60,15 +60,13 @@ def diverged(losses: dict[str, list[float]], counts: Sequence[dict[str, int]], e
     for kind, value in now.items():
         if not math.isfinite(value):
             return f"{KIND_NAMES.get(kind, kind)} loss is {value}"
-    firsts: dict[str, float] = {}
     for kind, value in now.items():
         earlier = [m[kind] for e in range(epoch) if kind in (m := epoch_means(losses, counts, e))]
-        if earlier and value > DIVERGED_RATIO * min(earlier):
-            best = min(earlier)
-            return f"{KIND_NAMES.get(kind, kind)} loss {value:.3f} > {DIVERGED_RATIO:g}x its best epoch's {best:.3f}"
-        if earlier:
-            firsts[kind] = earlier[0]
-    if PRESERVE in firsts and now[PRESERVE] > DRIFT_RATIO * firsts[PRESERVE]:
-        first = firsts[PRESERVE]
-        return f"preservation loss {now[PRESERVE]:.3f} > {DRIFT_RATIO:g}x the first epoch's {first:.3f}"
+        if not earlier:
+            continue
+        name = KIND_NAMES.get(kind, kind)
+        if value > DIVERGED_RATIO * min(earlier):
+            return f"{name} loss {value:.3f} > {DIVERGED_RATIO:g}x its best epoch's {min(earlier):.3f}"
+        if kind == PRESERVE and value > DRIFT_RATIO * earlier[0]:
+            return f"{name} loss {value:.3f} > {DRIFT_RATIO:g}x the first epoch's {earlier[0]:.3f}"
     return None
