@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from . import answer, browse, build, doctor, evaluate, privacy, reprompt, scale  # noqa: F401  (importing registers the commands)
+from . import answer, browse, build, describe, doctor, evaluate, privacy, reprompt, scale  # noqa: F401  (importing registers the commands)
 from .common import app
 
 __all__ = ["app", "main"]
