@@ -12,7 +12,7 @@ from memctl.train.distill import prepare
 from memctl.train.kinds import STUDY
 from memctl.train.prompts import Prompt, prompts_for
 from memctl.train.study import seeds_for
-from memctl.train.subjects import abbreviates, aliases
+from memctl.train.subjects import abbreviates, aliases, names
 
 KAOS = "Kent Applicative Operating System"
 KAOS_TEXT = (
@@ -32,6 +32,7 @@ def test_an_opening_parenthetical_gives_an_abbreviation_or_a_name_introduced_as_
     jane = "Jane Q. Example (also known as Example): English theologian and writer (1801-1882)."
     assert aliases("Jane Q. Example", jane) == ("Example",)
     assert aliases("Corel VENTURA", '(Previously "Ventura Publisher") A desktop publisher.') == ("Ventura Publisher",)
+    assert names(KAOS, KAOS_TEXT) == (KAOS, "KAOS")
 
 
 def test_other_parentheticals_give_no_alias() -> None:
@@ -41,8 +42,8 @@ def test_other_parentheticals_give_no_alias() -> None:
     assert aliases("NetHack", "(Unix) A dungeon game similar to rogue.") == ()
     assert aliases("Bourne shell", "(sh) The original command-line interpreter.") == ()  # not a name
     assert aliases("Quorvane", "Quorvane makes tide gauges (since 1962).") == ()  # not at the opening
-    assert aliases("", "(ODBC) A standard.") == ()
-    assert aliases("Neon", "Neon is a gas.") == ()
+    assert aliases("", "(ODBC) A standard.") == () and names("", "(ODBC) A standard.") == ()
+    assert names("Neon", "Neon is a gas.") == ("Neon",)
 
 
 def test_abbreviation_test() -> None:

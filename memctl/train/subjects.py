@@ -67,3 +67,9 @@ def aliases(subject: str, opening: str) -> tuple[str, ...]:
     if not _is_name(bare) or bare.lower() == subject.lower():
         return ()
     return (bare,) if introduced or abbreviates(bare, subject) else ()
+
+
+def names(subject: str, opening: str) -> tuple[str, ...]:
+    """The subject's name, then its aliases (memctl's prompts and seeds take turns over them)."""
+    subject = subject.strip()
+    return (subject, *aliases(subject, opening)) if subject else ()
