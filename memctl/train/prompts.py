@@ -2,8 +2,7 @@
 
 * cloze: a statement of the window cut just before a salient span, with the statement's subject
   made explicit (a leading pronoun or a bare participle gets the subject, a question's first pronoun
-  is replaced by it, a statement that never names it is prefixed "<S>: "; a subject with aliases,
-  memctl.train.subjects, is named by each in turn, sentence by sentence); the span is the answer,
+  is replaced by it, a statement that never names it is prefixed "<S>: "); the span is the answer,
   unless it is the subject itself or part of a short subject's name. Salient spans, meant for any style of text:
     - numbers, including either end of a range ("(1801-1882)") and the parts of a date;
     - whole dates in any common form ("14 March 1962", "March 14, 1962", "1962-03-14");

@@ -3,9 +3,9 @@
 
 People ask about a subject by whichever name they know, and a memory answers the name it was trained
 on: the facts of "Kent Applicative Operating System" were prompted under that title, and the question
-"Who described KAOS in his PhD thesis?" never named it (of FOLDOC's 220 question-form probes, 124 name
-the title, 60 only an alias found here). memctl.train.prompts and memctl.train.study take turns over
-the subject's names, so each name carries part of the document's facts.
+"Who described KAOS in his PhD thesis?" never named it (on FOLDOC, 96 of 220 question-form probes name
+the subject by another name than the title). memctl.train.prompts and memctl.train.study take turns
+over the subject's names, so each name carries part of the document's facts.
 
 An alias is read from one place only: a parenthetical that opens the document, or that follows its
 subject's name there. Its first item counts when it is introduced as another name ("also known as",
