@@ -37,7 +37,6 @@ from .kinds import QUESTION
 from .prompts import RULES, joins_without_space, prompts_for
 from .questions import ANSWER_TOKENS, answer_questions, chat_prompt, write_questions
 from .study import add_study
-from .subjects import OPENING, aliases
 
 TOPK = 16
 HELD_OUT_EVERY = 10  # one prompt in ten is held out for scoring
@@ -67,7 +66,7 @@ def generate_prompts(reg: Registry, progress: Progress | None = None) -> int:
     """Prompts for every window that has none yet, routed by their own embedding. Returns how many."""
     rows = list(
         reg.db.query(
-            f"select w.id, w.doc_id, w.text, d.title, {OPENING} from windows w join documents d on d.id = w.doc_id "
+            "select w.id, w.doc_id, w.text, d.title from windows w join documents d on d.id = w.doc_id "
             "where w.prompted = 0 order by w.id"
         )
     )
@@ -75,8 +74,7 @@ def generate_prompts(reg: Registry, progress: Progress | None = None) -> int:
         return 0
     made: list[dict[str, Any]] = []
     for r in rows:
-        title = r["title"] or ""
-        for p in prompts_for(r["text"], title, aliases=aliases(title, r["opening"] or "")):
+        for p in prompts_for(r["text"], r["title"] or ""):
             made.append(
                 {
                     "window_id": r["id"],

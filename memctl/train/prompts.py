@@ -23,14 +23,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 # The version of these rules. Bump it when a change makes them write other prompts for some text: each window
 # records the version that wrote its prompts, and `memctl reprompt` rewrites those of older versions.
 #   1: 2026-11-26 (1c6a850): one-word names, acronyms, quoted terms, slashed dates (0: any rules before)
-#   2: 2026-11-27: the subject's aliases from its document's opening take turns with its name (memctl.train.subjects)
-RULES = 2
+RULES = 1
 
 # a sentence ends at . ! ? after a lowercase letter, a digit or a closing mark, so initials ("Jane Q. Example",
 # "Sir H. Davy") do not end one
@@ -268,13 +266,9 @@ def joins_without_space(prompt: str) -> bool:
     return prompt.endswith(("-", "\u2013", "(", "/", "\u201c")) or re.search(r"(?:^|\s)\"$", prompt) is not None
 
 
-def prompts_for(text: str, subject: str, max_per_window: int = 48, aliases: Sequence[str] = ()) -> list[Prompt]:
-    """Cloze prompts and their paraphrases for every salient span of every sentence of `text`. With
-    `aliases` (other names of the subject: memctl.train.subjects), the sentences take turns naming it:
-    the first by `subject`, the next by the first alias, and so on (all prompts of one sentence share
-    its name, so that they can ride in one another: memctl.train.batches.merge_prefixes)."""
+def prompts_for(text: str, subject: str, max_per_window: int = 48) -> list[Prompt]:
+    """Cloze prompts and their paraphrases for every salient span of every sentence of `text`."""
     subject = subject.strip()
-    names = [subject, *(a.strip() for a in aliases if a.strip())] if subject else [subject]
     out: list[Prompt] = []
     answers: dict[str, set[str]] = {}
 
@@ -285,8 +279,7 @@ def prompts_for(text: str, subject: str, max_per_window: int = 48, aliases: Sequ
                 out.append(Prompt(kind, prompt, answer))
             answers.setdefault(prompt, set()).add(answer)
 
-    for n, sent in enumerate(sentences(text)):
-        name = names[n % len(names)]  # the subject's name in this sentence's prompts (never empty when subject is)
+    for sent in sentences(text):
         field = _fields(sent)
         value_at = -1
         if field and subject:
@@ -294,7 +287,7 @@ def prompts_for(text: str, subject: str, max_per_window: int = 48, aliases: Sequ
             value_at = sent.rfind(value)
             # a header line ("Quorvane: questions and answers") or an answer that only names the subject
             if key.lower() != subject.lower() and not _names_subject(value, subject):
-                add("cloze", _with_subject(key, name) if key.startswith("Q: ") else f"{name}, {key.lower()}:",
+                add("cloze", _with_subject(key, subject) if key.startswith("Q: ") else f"{subject}, {key.lower()}:",
                     value, min_words=2)  # fmt: skip
         for s, e in _spans(sent):
             if s == value_at:  # the field's value: asked above, with its key
@@ -307,15 +300,13 @@ def prompts_for(text: str, subject: str, max_per_window: int = 48, aliases: Sequ
                 continue
             if answer.lower() in prefix.lower() or _names_subject(answer, subject):
                 continue  # an answer the prompt already gives, or the subject itself
-            cloze = _with_subject(_explicit_subject(prefix, name) if subject else prefix, name)
-            if name != subject and answer.lower() in cloze.lower():
-                continue  # the alias that names the subject gives the answer ("ODBC: ... and the" -> "ODBC")
+            cloze = _with_subject(_explicit_subject(prefix, subject) if subject else prefix, subject)
             add("cloze", cloze, answer)
             if not subject:
                 continue
             np_ = _attribute_np(prefix)
             if np_:
-                add("paraphrase", f"The {np_} of {name} is", answer)
+                add("paraphrase", f"The {np_} of {subject} is", answer)
             agentless = re.sub(r"\s+by\s+[^,;()]+?(?=\s+(in|on|at|from|during)$)", "", cloze)
             if agentless != cloze:
                 add("paraphrase", agentless, answer)

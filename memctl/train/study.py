@@ -34,7 +34,6 @@ from ..model.anchor import Anchor
 from ..model.prefix import layer_outputs, on_model
 from ..registry import Registry
 from .kinds import STUDY
-from .subjects import OPENING, aliases
 
 TOPK = 16  # as memctl.train.distill.TOPK: the student's loss reads the same shape
 STUDY_TOKENS = 40  # tokens sampled per continuation
@@ -97,15 +96,11 @@ def _chat(tokenizer: Any, content: str) -> str:
     return bare if len(bare) < len(plain) else plain
 
 
-def seeds_for(tokenizer: Any, subject: str, aliases: Sequence[str] = ()) -> list[Seed]:
-    """Seeds naming the subject: questions in the chat template, or raw seeds without one. With `aliases`
-    (memctl.train.subjects), the seeds take turns over the subject's names: "What are the key facts about
-    Kent Applicative Operating System?", then "Summarize everything about KAOS, ...", and so on."""
-    names = [subject, *(a for a in aliases if a.strip())]
+def seeds_for(tokenizer: Any, subject: str) -> list[Seed]:
+    """Seeds naming the subject: questions in the chat template, or raw seeds without one."""
     if getattr(tokenizer, "chat_template", None):
-        asked = [s.format(S=names[i % len(names)]) for i, s in enumerate(CHAT_SEEDS)]
-        return [Seed(_chat(tokenizer, q), q, True) for q in asked]
-    return [Seed(q, q, False) for q in (s.format(S=names[i % len(names)]) for i, s in enumerate(RAW_SEEDS))]
+        return [Seed(_chat(tokenizer, q), q, True) for q in (s.format(S=subject) for s in CHAT_SEEDS)]
+    return [Seed(s.format(S=subject), s.format(S=subject), False) for s in RAW_SEEDS]
 
 
 def pick_seeds(seeds: Sequence[Seed], n: int) -> list[Seed]:
@@ -270,7 +265,7 @@ def add_study(
     )
     rows = list(
         reg.db.query(
-            f"select w.id, w.doc_id, w.text, d.title, {OPENING} from windows w join documents d on d.id = w.doc_id "
+            "select w.id, w.doc_id, w.text, d.title from windows w join documents d on d.id = w.doc_id "
             f"where (w.studied < ?{redo})" + only + " order by w.id",
             [per_window, STUDY] if hidden else [per_window],
         )
@@ -284,8 +279,7 @@ def add_study(
     seed_base = int(reg.config.seed)
     total, tokens = 0, 0
     for n, r in enumerate(rows):
-        subject = subject_of(r["title"] or "", r["text"])
-        seeds = pick_seeds(seeds_for(tok, subject, aliases(subject, r["opening"] or "")), per_window)
+        seeds = pick_seeds(seeds_for(tok, subject_of(r["title"] or "", r["text"])), per_window)
         gen = torch.Generator().manual_seed(seed_base * 1_000_003 + int(r["id"]))  # per window: resumable
         conts = sample_continuations(anchor, r["text"], separator, seeds, gen, layers=layers)
         made: list[dict[str, Any]] = []
