@@ -15,7 +15,8 @@ Each corpus is ingested once, with its cloze prompts, their teacher cache and th
 `memctl train` options; "cloze" is self-study off, "study2" is `--study 2`, memctl's default, ...) a copy of that bank
 is trained, then scored:
 anchor alone, open book (oracle-rag), fetched, rag and rag+fetched on the main probes, the same
-facts as questions, coverage, student tokens trained, wall time, and the perplexity of unrelated
+facts as questions (and, for fictional and foldoc, the questions asked in the anchor's chat template
+as `memctl chat` asks them: `eval --chat`), coverage, student tokens trained, wall time, and the perplexity of unrelated
 documents (Python docstrings) with the relevance gate on, over the whole set and over the documents
 that met trained memories (gate passed; in a subtree run, routed into it). Results go to DIR/corpora.json as each
 row is scored; running again with the same --out keeps scored rows (--fresh starts over).
@@ -70,6 +71,11 @@ QUESTION_SETUPS = "anchor,oracle-rag,fetched"
 MEMORYLESS = ("anchor", "oracle-rag", "rag")  # setups that fetch no memory
 # a question is answered in a sentence ("The company was founded by ..."): 8 tokens cut correct answers off
 QUESTION_ANSWER_TOKENS = 16
+# the question-form probes asked again as `memctl chat` asks them (`eval --chat`), where they are questions
+# (elements' are rephrased statements); an assistant's answer is a longer sentence
+CHAT_CORPORA = ("fictional", "foldoc")
+CHAT_SETUPS = "oracle-rag,fetched"
+CHAT_ANSWER_TOKENS = 32
 
 
 def mix_only(eval_extra: list[str]) -> bool:
@@ -208,6 +214,13 @@ def score(
                "--answer-tokens", str(QUESTION_ANSWER_TOKENS)),
         home / "answers-questions.jsonl",
     )  # fmt: skip
+    chat = None
+    if corpus in CHAT_CORPORA:
+        chat = setups_of(
+            memctl(env, log, *base, "--probes", str(questions), "--setups", CHAT_SETUPS, "--chat",
+                   "--answer-tokens", str(CHAT_ANSWER_TOKENS)),
+            home / "answers-chat.jsonl",
+        )  # fmt: skip
     if trained is not None:
         main.update({s: r for s, r in trained["main"].items() if s in kept})
         asked.update({s: r for s, r in trained["questions"].items() if s in kept})
@@ -226,6 +239,8 @@ def score(
         "main": main,
         "questions": asked,
         "question_answer_tokens": QUESTION_ANSWER_TOKENS,
+        "questions_chat": chat,  # None: not a corpus of questions
+        "chat_answer_tokens": CHAT_ANSWER_TOKENS,
         "coverage": subtree_coverage(home, corpus, subtree, variant) if subtree is not None else info.get("coverage"),
         "prompts_by_kind": prompts_by_kind(home, corpus),
         "tokens_trained": sum(u["tokens"] for u in units),
@@ -298,12 +313,13 @@ def share(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
 def table(rows: dict[str, dict[str, Any]]) -> Table:
     t = Table(title="memories on corpora in distinct styles (accuracy; 'of OB' = share of the open-book ceiling)")
     cols = ["corpus", "variant", "probes", "anchor", "open book", "fetched", "of OB", "rag", "rag+fetched",
-            "questions: anchor", "open book", "fetched", "of OB", "coverage", "tokens trained",
+            "questions: anchor", "open book", "fetched", "of OB", "in chat: OB", "fetched (of OB)", "coverage",
+            "tokens trained",
             "per corpus token", "train s", "ppl vs anchor", "ppl where trained"]  # fmt: skip
     for c in cols:
         t.add_column(c, justify="right")
     for r in rows.values():
-        m, q = r["main"], r["questions"]
+        m, q, chat = r["main"], r["questions"], r.get("questions_chat")
         cov = r.get("coverage") or {}
         ppl = r.get("perplexity_vs_anchor")
         t.add_row(
@@ -320,6 +336,8 @@ def table(rows: dict[str, dict[str, Any]]) -> Table:
             pct(q.get("oracle-rag")),
             pct(q.get("fetched")),
             share(q.get("fetched"), q.get("oracle-rag")),
+            pct(chat.get("oracle-rag")) if chat else "-",
+            f"{pct(chat.get('fetched'))} ({share(chat.get('fetched'), chat.get('oracle-rag'))})" if chat else "-",
             f"{100 * cov['mean']:.0f}%" if "mean" in cov else "-",
             f"{r['tokens_trained']:,}",
             f"{r['tokens_trained'] / max(1, r['corpus_tokens']):.1f}",

@@ -400,3 +400,24 @@ def test_answer_tokens_sets_the_answer_length_and_is_validated(home: Path, bank:
         ev.EvalOptions(answer_tokens=0).check()
     res = runner.invoke(app, ["eval", "--bank", "e", "--probes", str(probe_file), "--answer-tokens", "0"])
     assert res.exit_code != 0 and "--answer-tokens must be between 1 and" in res.output
+
+
+def test_chat_asks_every_probe_in_the_chat_template_as_memctl_chat_does(
+    home: Path, bank: Registry, probe_file: Path
+) -> None:
+    ps = probes(known_only=True)
+    with BankSession("e", home) as s:
+        raw = ev.plan_eval(s, ps, ev.EvalOptions(("anchor", "fetched", "rag", "oracle-rag")))
+        chat = ev.plan_eval(s, ps, ev.EvalOptions(("anchor", "fetched", "rag", "oracle-rag"), chat=True))
+        assert [j.item for j in chat.jobs] == [j.item for j in raw.jobs]
+        for r, c in zip(raw.jobs, chat.jobs, strict=True):  # the same prompt, context included, in the user's turn
+            assert c.prompt == s.encode_prompts([r.prompt], chat=True)[0] and r.prompt in c.prompt
+            assert c.mode == r.mode and (c.paths is None) == (r.paths is None)
+        assert any("chat template" in n for n in chat.notes) and not any("chat template" in n for n in raw.notes)
+    base = ["eval", "--bank", "e", "--probes", str(probe_file), "--setups", "anchor", "--json"]
+    plain = json.loads(runner.invoke(app, base).output)
+    res = runner.invoke(app, [*base, "--chat"])
+    assert res.exit_code == 0, res.output
+    asked = json.loads(res.output)
+    assert asked["params"]["chat"] is True and "chat" not in plain["params"]  # a run of its own
+    assert asked["setups"][0]["n"] == plain["setups"][0]["n"] > 0

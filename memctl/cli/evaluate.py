@@ -73,6 +73,14 @@ def eval_cmd(
             "(question-form probes, answered in a sentence, want about 16)."
         ),
     ] = PROBE_TOKENS,
+    chat: Annotated[
+        bool,
+        typer.Option(
+            "--chat",
+            help="Ask each probe in the anchor's chat template, as `memctl chat` does (its context too, in "
+            "rag and oracle-rag): for question-form probes, with --answer-tokens 32 or so.",
+        ),
+    ] = False,
     allow: Annotated[
         str | None,
         typer.Option(help="TAG,...: evaluate what these access tags may see (blocks and RAG windows)."),
@@ -117,7 +125,7 @@ def eval_cmd(
         check_seed(seed)
         names = tuple(s.strip() for s in setups.split(",") if s.strip()) if setups else SETUPS
         opts = EvalOptions(
-            names, beam, parse_fractions(block_fraction), blocking, batch_size, setups is not None, answer_tokens
+            names, beam, parse_fractions(block_fraction), blocking, batch_size, setups is not None, answer_tokens, chat
         )
         opts.check()
         if perplexity is not None and not perplexity.exists():

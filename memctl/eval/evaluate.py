@@ -43,6 +43,8 @@ from .perplexity import token_losses
 from .results import aggregate, answers
 from .runs import EvalRuns, ItemResult
 
+CHAT_RESERVE = 64  # tokens of context kept for the chat template around a probe (`eval --chat`)
+
 Progress = Callable[[str, int, int], None]
 
 
@@ -82,6 +84,8 @@ def siblings(session: BankSession, leaf: int) -> list[int]:
 def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_texts: Sequence[str] = ()) -> Plan:
     opts.check()
     tree, notes = session.tree, []
+    if opts.chat and probes:
+        notes.append("every probe asked in the anchor's chat template (--chat)")
     r = session.route_gated([p.prompt for p in probes])  # r.off: the gate leaves these to the anchor alone
     x, routes, off, gated = r.x, r.paths, r.off, r.gated
     rel = readings(r.relevance)
@@ -101,13 +105,16 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
         if not any(retrieved):
             notes.append("rag retrieved nothing (no window may be served)")
     tok = session.anchor.tokenizer
+    reserve = opts.answer_tokens + (CHAT_RESERVE if opts.chat else 0)
     rag_prompts = [
-        with_context(r.text, p.prompt, tok, session.rag_budget(p.prompt, opts.answer_tokens)) if r else p.prompt
+        with_context(r.text, p.prompt, tok, session.rag_budget(p.prompt, reserve)) if r else p.prompt
         for p, r in zip(probes, retrieved, strict=True)
     ]
     jobs: list[Job] = []
 
     def add(group: str, i: int, prompt: str, mode: str, paths: np.ndarray | None = None, sub: str = "") -> None:
+        if opts.chat:  # the whole prompt (context and question) in the user's turn, as `ask --chat` sends it
+            prompt = session.encode_prompts([prompt], chat=True)[0]
         jobs.append(Job(f"{group}|{i}|{sub}", group, i, probes[i].doc, prompt, mode, paths, off=bool(off[i])))
 
     for s in setups:
@@ -123,7 +130,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
             elif s == "rag+fetched":
                 add(s, i, rag_prompt, "fetched", route1)
             elif s == "oracle-rag":
-                add(s, i, open_book(session, p, opts.answer_tokens), "none")
+                add(s, i, open_book(session, p, reserve), "none")
             elif s == "fetched-corrupted":  # a diagnostic of the wrong leaf's blocks: never gated
                 for sib in siblings(session, int(routes[i, -1])):
                     wrong = routes[i][None].copy()
@@ -282,6 +289,8 @@ def run_eval(
         perplexity_sha256=file_sha256(perplexity) if perplexity and Path(perplexity).is_file() else None,
         probe_tokens=opts.answer_tokens,
     )
+    if opts.chat:  # answers in the chat template are other answers: a new run (without it: as before)
+        params["chat"] = True
     if session.relevance_floor > 0:  # another gate answers differently: a new run (gate off: as before it)
         params["relevance_floor"] = session.relevance_floor
     if session.anchor_mix > 0:  # mixed answers are other answers: a new run (0: as before the mix existed)

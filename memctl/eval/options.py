@@ -32,6 +32,7 @@ class EvalOptions:
     batch_size: int = 16
     explicit: bool = False  # setups were named by the user: one that cannot run is an error
     answer_tokens: int = PROBE_TOKENS  # greedy new tokens per probe answer (question-form probes want a sentence)
+    chat: bool = False  # each probe asked in the anchor's chat template, as `memctl chat` asks (questions)
 
     def check(self) -> EvalOptions:
         unknown = [s for s in self.setups if s not in SETUPS]
