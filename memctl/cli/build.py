@@ -183,6 +183,14 @@ def train(
             "(needs --study; the states are sampled with the continuations; default 0: off)."
         ),
     ] = None,
+    ground_study: Annotated[
+        bool | None,
+        typer.Option(
+            "--ground-study/--no-ground-study",
+            help="Cut each self-study continuation before the first name or number its window does not give "
+            "(continuations sampled from now on; default off).",
+        ),
+    ] = None,
     anchor_mix: Annotated[
         float | None,
         typer.Option(
@@ -248,6 +256,7 @@ def train(
         "questions": questions,
         "study": study,
         "match_hidden": match_hidden,
+        "ground_study": ground_study,
         "anchor_mix": anchor_mix,
     }
     if out_dir is not None or generic:

@@ -109,6 +109,9 @@ class TrainConfig:
     # weight of deep context distillation (Knowledge Modules, Caccia et al. 2025): on self-study continuations the
     # student also matches the open-book teacher's hidden states at a few memory layers; 0: off (logits only)
     match_hidden: float = 0.0
+    # cut each self-study continuation before the first name or number its window does not give
+    # (memctl.train.grounding); False: the teacher's continuations as sampled
+    ground_study: bool = False
     # the anchor's share of the student's next-token distribution in training (memctl.model.mix): the memories
     # learn what (1 - w) p(memories) + w p(anchor) must say, and the bank then serves that mixture by default
     anchor_mix: float = 0.0
@@ -190,6 +193,7 @@ def train_config_from_json(text: str) -> TrainConfig:
     d.setdefault("questions", 0)
     d.setdefault("study", 0)
     d.setdefault("match_hidden", 0.0)
+    d.setdefault("ground_study", False)
     d.setdefault("anchor_mix", 0.0)
     return TrainConfig(**d)
 

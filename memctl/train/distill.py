@@ -234,16 +234,20 @@ def prepare(
     study: int = 0,
     units: list[str] | None = None,
     study_hidden: bool = False,
+    study_grounded: bool = False,
 ) -> PrepareReport:
     """Cloze prompts, anchor-written questions (`questions` per window) and self-study continuations
     (`study` per window; both for the windows of `units` only, when given without the generic memory;
-    with `study_hidden`, the teacher's hidden states along them), the teacher's cache for all of them,
+    with `study_hidden`, the teacher's hidden states along them; with `study_grounded`, each cut before its
+    first ungrounded claim: memctl.train.grounding), the teacher's cache for all of them,
     and the bank's coverage."""
 
     added = generate_prompts(reg, progress)
     l1s = None if units is None or "generic" in units else [int(u) for u in units]
     added += add_questions(reg, anchor, questions, progress, l1s)
-    studied, study_seconds = add_study(reg, anchor, study, TEACHER_SEPARATOR, progress, l1s, study_hidden)
+    studied, study_seconds = add_study(
+        reg, anchor, study, TEACHER_SEPARATOR, progress, l1s, study_hidden, grounded=study_grounded
+    )
     seconds = cache_teacher(reg, anchor, progress)
     total = reg.count("prompts")
     row = reg.db.execute(

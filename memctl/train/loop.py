@@ -364,7 +364,7 @@ def prepare_training(
     if tcfg.objective == "lm":  # prompts only to score held-out accuracy while training
         generate_prompts(reg, stage)
     else:
-        report = prepare(reg, anchor, stage, tcfg.questions, tcfg.study, todo, tcfg.match_hidden > 0)
+        report = prepare(reg, anchor, stage, tcfg.questions, tcfg.study, todo, tcfg.match_hidden > 0, tcfg.ground_study)
     if tcfg.preserve > 0:
         prepare_pool(reg, anchor, stage, tcfg.preserve_pool)
     split_head = head_split_ok(reg, anchor, todo, tcfg.objective)

@@ -33,6 +33,7 @@ from ..build.routing import route_prompts
 from ..model.anchor import Anchor
 from ..model.prefix import layer_outputs, on_model
 from ..registry import Registry
+from .grounding import MIN_TOKENS, grounded_tokens
 from .kinds import STUDY
 
 TOPK = 16  # as memctl.train.distill.TOPK: the student's loss reads the same shape
@@ -240,6 +241,27 @@ def sample_continuations(
     return made
 
 
+def ground(tok: Any, ct: Continuation, window: str) -> Continuation | None:
+    """`ct` cut before its first claim that neither `window` nor its seed makes (memctl.train.grounding):
+    the tokens before it stay targets, with the teacher's rows that predict them; None when fewer than
+    MIN_TOKENS are left."""
+    out = ct.ids[ct.n_prompt :]
+    keep = grounded_tokens(lambda x: tok.decode(list(x)), out, window, ct.seed.query)
+    if keep == len(out):
+        return ct
+    if keep < MIN_TOKENS:
+        return None
+    # rows 0..keep-1 predict the kept tokens; the last of those need not be read, only predicted
+    return Continuation(
+        ct.seed,
+        ct.ids[: ct.n_prompt + keep - 1],
+        ct.n_prompt,
+        ct.topk_idx[:keep],
+        ct.topk_logp[:keep],
+        ct.hidden[:keep] if ct.hidden is not None else None,
+    )
+
+
 def add_study(
     reg: Registry,
     anchor: Anchor,
@@ -248,9 +270,11 @@ def add_study(
     progress: Progress | None = None,
     l1s: Sequence[int] | None = None,
     hidden: bool = False,
+    grounded: bool = False,
 ) -> tuple[int, float]:
     """Self-study continuations for every window that has fewer than `per_window` (its earlier ones
-    are replaced), each routed from its seed as a user would ask it; with `l1s`, only the windows of
+    are replaced), each routed from its seed as a user would ask it; with `grounded`, each cut before
+    its first name or number the window does not give (memctl.train.grounding); with `l1s`, only the windows of
     those level-1 subtrees (the units being trained). With `hidden`, the teacher's hidden states at
     `hidden_layers` are kept too, and windows studied without them are studied again.
     Returns (how many, seconds)."""
@@ -282,6 +306,8 @@ def add_study(
         seeds = pick_seeds(seeds_for(tok, subject_of(r["title"] or "", r["text"])), per_window)
         gen = torch.Generator().manual_seed(seed_base * 1_000_003 + int(r["id"]))  # per window: resumable
         conts = sample_continuations(anchor, r["text"], separator, seeds, gen, layers=layers)
+        if grounded:
+            conts = [c for c in (ground(tok, ct, r["text"]) for ct in conts) if c is not None]
         made: list[dict[str, Any]] = []
         for ct in conts:
             made.append(
