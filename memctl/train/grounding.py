@@ -34,7 +34,7 @@ def first_ungrounded(text: str, window: str, seed: str = "") -> int | None:
     sources = f"{window}\n{seed}".lower()
     for m in _CLAIM.finditer(text):
         before = text[: m.start()]
-        if m.group(1):  # a number: grounded as written, or as digits alone ("1,989" is no "1989")
+        if m.group(1):  # a number: grounded only as written ("1,989" is no "1989")
             num = m.group(1).rstrip(".,:/-")
             follows = text[m.end() : m.end() + 1]
             if _LIST_MARK.search(before) and follows in (".", ")"):
