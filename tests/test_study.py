@@ -296,10 +296,10 @@ def test_bad_study_count_is_a_one_line_error_and_trains_nothing(home: Path, corp
     from memctl.cli import app
 
     ingest("v", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
-    for bad in ("-1", "33"):
-        res = CliRunner().invoke(app, ["train", "--bank", "v", "--study", bad])
+    for flag, bad in (("--study", "-1"), ("--study", "33"), ("--study-per-epoch", "-1")):
+        res = CliRunner().invoke(app, ["train", "--bank", "v", flag, bad])
         assert res.exit_code != 0 and "Traceback" not in res.output
-        assert res.output.strip().count("\n") == 0 and "--study must be between 0 and 32" in res.output
+        assert res.output.strip().count("\n") == 0 and f"{flag} must be between 0 and 32" in res.output
     reg = Registry.open("v", home)
     assert reg.count("prompts") == 0 and reg.db.execute("select count(*) from runs").fetchone()[0] == 0
 
@@ -312,3 +312,37 @@ def test_a_range_answer_is_taught_without_a_space_after_its_hyphen(tiny_anchor: 
     assert tok("1741", add_special_tokens=False)["input_ids"] != tok(" 1741", add_special_tokens=False)["input_ids"]
     assert _answer_ids(tok, "1741", "cloze", prompt) == tok("1741", add_special_tokens=False)["input_ids"]
     assert _answer_ids(tok, "1741", "cloze", "Tomas Vey died in") == tok(" 1741", add_special_tokens=False)["input_ids"]
+
+
+def test_continuations_take_turns_across_epochs_with_study_per_epoch(
+    home: Path, corpus: Path, tiny_anchor: Path
+) -> None:
+    from memctl.core.config import TrainConfig
+    from memctl.train.batches import epoch_batches, epoch_tokens, in_epoch, preserve_samples
+    from memctl.train.preserve import prepare_pool
+
+    reg, anchor = _studied(home, corpus, tiny_anchor, per_window=3)
+    samples = prompt_samples(reg, "0", study=True)
+    study = [s for s in samples if s.key in _study_keys(reg)]
+    other = [s for s in samples if s.key not in _study_keys(reg)]
+    assert study and other and all(s.turn < 0 and s.turns == 0 for s in other)
+    by_window: dict[str, list[int]] = {}
+    for r in reg.db.query("select id, window_id from prompts where kind = ? order by id", [STUDY]):
+        by_window.setdefault(r["window_id"], []).append(r["id"])
+    for s in study:  # its place among its window's continuations, in sampling order
+        ids = next(v for v in by_window.values() if int(s.key[1:]) in v)
+        assert s.turns == len(ids) == 3 and s.turn == ids.index(int(s.key[1:]))
+    tcfg = TrainConfig(study_per_epoch=2)  # 3 continuations, 2 at a time: 0 1 | 2 | 0 1 | 2 ...
+    assert [in_epoch(study[0], 2, e) for e in range(4)] == [study[0].turn < 2, study[0].turn == 2] * 2
+    keys = [s.key for s in samples]
+    for epoch in range(4):
+        trained = [keys[i] for b in epoch_batches(samples, "0", 2, tcfg, epoch) for i in b]
+        assert sorted(trained) == sorted(s.key for s in samples if in_epoch(s, 2, epoch))
+        assert {s.key for s in other} <= set(trained)  # every other sample, every epoch
+    every = [keys[i] for b in epoch_batches(samples, "0", 2, TrainConfig(), 0) for i in b]
+    assert sorted(every) == sorted(keys)  # 0: all of them every epoch
+    # each continuation trains in one epoch of two: an epoch's tokens, and the preservation sized on them
+    full, per = epoch_tokens(samples, 0), epoch_tokens(samples, 2)
+    assert per == sum(len(s.ids) for s in other) + sum(len(s.ids) / 2 for s in study) < full
+    prepare_pool(reg, anchor, None, 64)
+    assert len(preserve_samples(reg, "0", 1.0, samples, 0, 64, 2)) < len(preserve_samples(reg, "0", 1.0, samples, 0, 64))

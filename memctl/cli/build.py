@@ -175,6 +175,14 @@ def train(
             "window; default 2 for a new bank, a trained bank keeps its own; 0: off)."
         ),
     ] = None,
+    study_per_epoch: Annotated[
+        int | None,
+        typer.Option(
+            help="Self-study continuations per window trained in each epoch: the window's continuations take "
+            "turns, so `--study 6 --study-per-epoch 2` trains on three times as many, as varied, for the "
+            "tokens of two (default 0: all of them every epoch).",
+        ),
+    ] = None,
     match_hidden: Annotated[
         float | None,
         typer.Option(
@@ -255,6 +263,7 @@ def train(
         "preserve_own": preserve_own,
         "questions": questions,
         "study": study,
+        "study_per_epoch": study_per_epoch,
         "match_hidden": match_hidden,
         "ground_study": ground_study,
         "anchor_mix": anchor_mix,

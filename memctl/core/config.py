@@ -106,6 +106,9 @@ class TrainConfig:
     # self-study continuations per window sampled by the open-book teacher (memctl.train.study); 0: off. Two
     # scored at least as well as cloze prompts alone on all three corpora of benchmarks/corpora.py (docs/corpora.md)
     study: int = 2
+    # self-study continuations per window trained in each epoch, the window's continuations taking turns
+    # (memctl.train.batches.in_epoch): more of them, as varied, for the same training tokens; 0: all, every epoch
+    study_per_epoch: int = 0
     # weight of deep context distillation (Knowledge Modules, Caccia et al. 2025): on self-study continuations the
     # student also matches the open-book teacher's hidden states at a few memory layers; 0: off (logits only)
     match_hidden: float = 0.0
@@ -139,6 +142,8 @@ class TrainConfig:
             raise InputError(f"--questions must be between 0 and {MAX_QUESTIONS}, got {self.questions}")
         if not 0 <= self.study <= MAX_STUDY:
             raise InputError(f"--study must be between 0 and {MAX_STUDY}, got {self.study}")
+        if not 0 <= self.study_per_epoch <= MAX_STUDY:
+            raise InputError(f"--study-per-epoch must be between 0 and {MAX_STUDY}, got {self.study_per_epoch}")
         if not 0 <= self.match_hidden <= MAX_MATCH_HIDDEN:  # NaN fails too
             raise InputError(f"--match-hidden must be between 0 and {MAX_MATCH_HIDDEN:g}, got {self.match_hidden}")
         if self.match_hidden > 0 and self.study == 0:
@@ -192,6 +197,7 @@ def train_config_from_json(text: str) -> TrainConfig:
     # them, so that retraining (forget, stale blocks) repeats how the bank was trained
     d.setdefault("questions", 0)
     d.setdefault("study", 0)
+    d.setdefault("study_per_epoch", 0)
     d.setdefault("match_hidden", 0.0)
     d.setdefault("ground_study", False)
     d.setdefault("anchor_mix", 0.0)

@@ -20,7 +20,7 @@ from ..model.anchor import Anchor
 from ..model.mix import mixed_logprobs
 from ..model.prefix import CACHE_BYTES, layer_outputs, logits_at, prefix_states, suffix_matches
 from ..registry import Registry
-from .kinds import RULE_KINDS, untrained_kinds
+from .kinds import RULE_KINDS, STUDY, untrained_kinds
 from .units import GENERIC
 
 
@@ -41,6 +41,10 @@ class Sample:
     # positions n_prompt-1 .. n_prompt-2+A
     kd_pos: list[int] | None = None
     prompts: int = 1  # how many prompts the sample carries: a batch holds as many prompts as before merging
+    # a self-study continuation: its place among its window's (in sampling order) and how many the window has
+    # (`in_epoch`); -1 and 0 for every other sample
+    turn: int = -1
+    turns: int = 0
 
     @property
     def kind(self) -> str:
@@ -124,13 +128,23 @@ def prompt_samples(
     Anchor-written questions (memctl.train.questions) only with `questions`, self-study continuations
     (memctl.train.study) only with `study`; with `hidden`, the teacher's hidden states where stored."""
     sql = (
-        "select p.id, p.doc_id, p.kind, p.ids, p.n_prompt, p.topk_idx, p.topk_logp, p.path, w.path as wpath"
+        "select p.id, p.doc_id, p.window_id, p.kind, p.ids, p.n_prompt, p.topk_idx, p.topk_logp, p.path, w.path as wpath"
         + (", p.hidden " if hidden else " ")
         + "from prompts p join windows w on w.id = p.window_id where p.held_out = 0 and p.topk_idx is not null"
         + _left_out(questions, study)
     )
     out, cloze = [], []  # every prompt in id order; the cloze ones, which may ride in a longer one
-    for r in reg.db.query(sql + " order by p.id"):
+    rows = list(reg.db.query(sql + " order by p.id"))
+    turns: dict[int, int] = {}  # window -> its self-study continuations
+    for r in rows:
+        if r["kind"] == STUDY:
+            turns[r["window_id"]] = turns.get(r["window_id"], 0) + 1
+    seen: dict[int, int] = {}
+    for r in rows:
+        turn = -1
+        if r["kind"] == STUDY:
+            turn = seen.get(r["window_id"], 0)
+            seen[r["window_id"]] = turn + 1
         ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
         n_pos = len(ids) - r["n_prompt"] + 1  # each answer token, and the one after
         idx, logp = _teacher(r, n_pos)
@@ -145,6 +159,8 @@ def prompt_samples(
         )
         for path in paths:
             smp = Sample(f"p{r['id']}", r["doc_id"], ids, path, None, r["n_prompt"], idx, logp, hidden=hid)
+            if turn >= 0:
+                smp.turn, smp.turns = turn, turns[r["window_id"]]
             out.append(smp)
             if r["kind"] in CLOZE_KINDS:
                 cloze.append(smp)
@@ -199,18 +215,19 @@ def _target_positions(s: Sample) -> list[int]:
 
 
 def preserve_samples(
-    reg: Registry, unit: str, share: float, samples: list[Sample], seed: int, pool_size: int
+    reg: Registry, unit: str, share: float, samples: list[Sample], seed: int, pool_size: int, per_epoch: int = 0
 ) -> list[Sample]:
-    """Pool sequences (memctl.train.preserve) worth `share` of the unit's training tokens, each on a path
-    drawn from the unit's own paths: every block of the unit learns to leave unrelated text alone.
-    Only the pool's first `pool_size` sequences are used (`train --preserve-pool`)."""
+    """Pool sequences (memctl.train.preserve) worth `share` of the unit's training tokens in an epoch, each on
+    a path drawn from the unit's own paths: every block of the unit learns to leave unrelated text alone.
+    Only the pool's first `pool_size` sequences are used (`train --preserve-pool`); `per_epoch` as in
+    `epoch_tokens`."""
     if share <= 0 or not samples:
         return []
     sql = "select id, ids, topk_idx, topk_logp from preserve where id < ? order by id"
     pool = list(reg.db.query(sql, [pool_size]))
     if not pool:
         return []
-    tokens = sum(len(s.ids) for s in samples)
+    tokens = epoch_tokens(samples, per_epoch)
     length = len(pool[0]["ids"]) // 4
     n = max(1, math.ceil(share * tokens / length))
     rng = np.random.default_rng(_unit_seed(seed, unit) + [7])
@@ -257,6 +274,8 @@ def epoch_batches(samples: list[Sample], unit: str, k: int, tcfg: TrainConfig, e
     """Seeded order of one epoch. The generic memory sees each window with probability 1/(k+1)."""
     rng = np.random.default_rng(_unit_seed(tcfg.seed, unit) + [epoch])
     order = rng.permutation(len(samples))
+    if tcfg.study_per_epoch > 0:
+        order = order[[in_epoch(samples[i], tcfg.study_per_epoch, epoch) for i in order.tolist()]]
     if unit == GENERIC:
         keep = rng.random(len(samples)) < 1.0 / (k + 1)
         order = order[keep[order]]
@@ -270,6 +289,28 @@ def epoch_batches(samples: list[Sample], unit: str, k: int, tcfg: TrainConfig, e
         for run in _chunks(mine, samples, 8 * bs):
             batches.extend(_chunks(sorted(run, key=lambda i: len(samples[i].ids)), samples, bs))
     return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def in_epoch(s: Sample, per_epoch: int, epoch: int) -> bool:
+    """Whether `s` trains in `epoch` when each window's self-study continuations take turns, `per_epoch` at a
+    time (`train --study-per-epoch`): its continuations 0..per-1 in epoch 0, the next ones in epoch 1, ...,
+    starting over once all have had a turn. Every other sample trains in every epoch."""
+    if s.turn < 0 or per_epoch <= 0:
+        return True
+    rounds = -(-s.turns // per_epoch)
+    return s.turn // per_epoch == epoch % rounds
+
+
+def epoch_tokens(samples: Sequence[Sample], per_epoch: int) -> float:
+    """Tokens an epoch trains on average, self-study continuations counted by the share of epochs they train in."""
+    total = 0.0
+    for s in samples:
+        if s.turn < 0 or per_epoch <= 0:
+            total += len(s.ids)
+        else:
+            rounds = -(-s.turns // per_epoch)
+            total += len(s.ids) / rounds
+    return total
 
 
 def _chunks(idx: list[int], samples: list[Sample], size: int) -> list[list[int]]:

@@ -140,10 +140,11 @@ def train_unit(
         if s.doc_id not in exclude
     ]
     trained = samples
-    samples = trained + preserve_samples(reg, name, tcfg.preserve, trained, tcfg.seed, tcfg.preserve_pool)
+    per = tcfg.study_per_epoch
+    samples = trained + preserve_samples(reg, name, tcfg.preserve, trained, tcfg.seed, tcfg.preserve_pool, per)
     if tcfg.preserve_own > 0:
         with handle.using(None):  # the anchor alone
-            samples += own_window_samples(reg, anchor, name, tcfg.preserve_own, trained, tcfg.seed, exclude)
+            samples += own_window_samples(reg, anchor, name, tcfg.preserve_own, trained, tcfg.seed, exclude, per)
     params = UnitParams(cfg, unit, anchor.device)
     if not samples:
         return TrainedUnit(UnitResult(name, 0, 0, float("nan"), float("nan"), 0.0, 0), unit, params, {})

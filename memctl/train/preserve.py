@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from ..model.anchor import Anchor
 from ..registry import Registry
-from .batches import CLOZE_KINDS, Sample, parse_path
+from .batches import CLOZE_KINDS, Sample, epoch_tokens, parse_path
 from .distill import TOPK  # the same top-k as the prompts' teacher
 from .units import GENERIC
 
@@ -228,9 +228,10 @@ def own_window_samples(
     samples: list[Sample],
     seed: int,
     exclude: frozenset[str] = frozenset(),
+    per_epoch: int = 0,
 ) -> list[Sample]:
     """Preservation on the unit's own windows (`train --preserve-own`): window sequences worth `share` of the
-    unit's training tokens, each on its own window's path, where the student must match the anchor alone
+    unit's training tokens in an epoch (`per_epoch`: memctl.train.batches.epoch_tokens), each on its own window's path, where the student must match the anchor alone
     at every position except those that predict a fact (a stored cloze answer or the title: `answer_spans`).
     The memories learn their facts from the prompts and learn to leave the rest of their documents' kind
     of text as the anchor reads it: the near-domain text the pool does not reach. A window's samples are
@@ -281,7 +282,7 @@ def own_window_samples(
         )
     if not own:
         return []
-    tokens = sum(len(s.ids) for s in samples)
+    tokens = epoch_tokens(samples, per_epoch)
     mean = sum(len(s.ids) for s in own) / len(own)
     n = max(1, math.ceil(share * tokens / mean))
     rng = np.random.default_rng([seed, int(unit), 11])
