@@ -345,4 +345,5 @@ def test_continuations_take_turns_across_epochs_with_study_per_epoch(
     full, per = epoch_tokens(samples, 0), epoch_tokens(samples, 2)
     assert per == sum(len(s.ids) for s in other) + sum(len(s.ids) / 2 for s in study) < full
     prepare_pool(reg, anchor, None, 64)
-    assert len(preserve_samples(reg, "0", 1.0, samples, 0, 64, 2)) < len(preserve_samples(reg, "0", 1.0, samples, 0, 64))
+    turns = preserve_samples(reg, "0", 1.0, samples, 0, 64, 2)
+    assert len(turns) < len(preserve_samples(reg, "0", 1.0, samples, 0, 64))

@@ -128,7 +128,8 @@ def prompt_samples(
     Anchor-written questions (memctl.train.questions) only with `questions`, self-study continuations
     (memctl.train.study) only with `study`; with `hidden`, the teacher's hidden states where stored."""
     sql = (
-        "select p.id, p.doc_id, p.window_id, p.kind, p.ids, p.n_prompt, p.topk_idx, p.topk_logp, p.path, w.path as wpath"
+        "select p.id, p.doc_id, p.window_id, p.kind, p.ids, p.n_prompt, p.topk_idx, p.topk_logp, p.path, "
+        "w.path as wpath"
         + (", p.hidden " if hidden else " ")
         + "from prompts p join windows w on w.id = p.window_id where p.held_out = 0 and p.topk_idx is not null"
         + _left_out(questions, study)

@@ -230,13 +230,13 @@ def own_window_samples(
     exclude: frozenset[str] = frozenset(),
     per_epoch: int = 0,
 ) -> list[Sample]:
-    """Preservation on the unit's own windows (`train --preserve-own`): window sequences worth `share` of the
-    unit's training tokens in an epoch (`per_epoch`: memctl.train.batches.epoch_tokens), each on its own window's path, where the student must match the anchor alone
-    at every position except those that predict a fact (a stored cloze answer or the title: `answer_spans`).
-    The memories learn their facts from the prompts and learn to leave the rest of their documents' kind
-    of text as the anchor reads it: the near-domain text the pool does not reach. A window's samples are
-    its document's (provenance; forgetting the document retrains without them). Call with the anchor
-    alone (no memory fetched)."""
+    """Preservation on the unit's own windows (`train --preserve-own`): window sequences worth `share` of the unit's
+    training tokens in an epoch (`per_epoch`: memctl.train.batches.epoch_tokens), each on its own window's path,
+    where the student must match the anchor alone at every position except those that predict a fact (a stored
+    cloze answer or the title: `answer_spans`). The memories learn their facts from the prompts and learn to
+    leave the rest of their documents' kind of text as the anchor reads it: the near-domain text the pool does
+    not reach. A window's samples are its document's (provenance; forgetting the document retrains without
+    them). Call with the anchor alone (no memory fetched)."""
     if share <= 0 or not samples or unit == GENERIC:
         return []
     sql = (
