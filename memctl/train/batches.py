@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -136,10 +137,7 @@ def prompt_samples(
     )
     out, cloze = [], []  # every prompt in id order; the cloze ones, which may ride in a longer one
     rows = list(reg.db.query(sql + " order by p.id"))
-    turns: dict[int, int] = {}  # window -> its self-study continuations
-    for r in rows:
-        if r["kind"] == STUDY:
-            turns[r["window_id"]] = turns.get(r["window_id"], 0) + 1
+    turns = Counter(r["window_id"] for r in rows if r["kind"] == STUDY)  # window -> its self-study continuations
     seen: dict[int, int] = {}
     for r in rows:
         turn = -1
@@ -296,22 +294,18 @@ def in_epoch(s: Sample, per_epoch: int, epoch: int) -> bool:
     """Whether `s` trains in `epoch` when each window's self-study continuations take turns, `per_epoch` at a
     time (`train --study-per-epoch`): its continuations 0..per-1 in epoch 0, the next ones in epoch 1, ...,
     starting over once all have had a turn. Every other sample trains in every epoch."""
-    if s.turn < 0 or per_epoch <= 0:
-        return True
-    rounds = -(-s.turns // per_epoch)
-    return s.turn // per_epoch == epoch % rounds
+    rounds = _rounds(s, per_epoch)
+    return rounds == 1 or s.turn // per_epoch == epoch % rounds
 
 
 def epoch_tokens(samples: Sequence[Sample], per_epoch: int) -> float:
     """Tokens an epoch trains on average, self-study continuations counted by the share of epochs they train in."""
-    total = 0.0
-    for s in samples:
-        if s.turn < 0 or per_epoch <= 0:
-            total += len(s.ids)
-        else:
-            rounds = -(-s.turns // per_epoch)
-            total += len(s.ids) / rounds
-    return total
+    return sum(len(s.ids) / _rounds(s, per_epoch) for s in samples)
+
+
+def _rounds(s: Sample, per_epoch: int) -> int:
+    """Epochs a sample's turn takes to come round again: 1 for a sample that trains in every epoch."""
+    return 1 if s.turn < 0 or per_epoch <= 0 else -(-s.turns // per_epoch)
 
 
 def _chunks(idx: list[int], samples: list[Sample], size: int) -> list[list[int]]:
