@@ -8,7 +8,10 @@ Corpora (each built by its example script; none of their probes is written by me
              anchor can know, the stand-in for private data; statement probes and "Question: ...?"
              probes, in wording that appears in no document;
 * foldoc:    entries of the Free On-line Dictionary of Computing (Debian's dict-foldoc,
-             examples/foldoc), with probes written by hand before any training.
+             examples/foldoc), with probes written by hand before any training;
+* registers: the fictional entities' sections gathered REGISTER_SECTIONS to a long document ("Vindrel
+             chamber register, part 1"), several windows each: a document's title names none of the
+             facts' subjects, and a fact lives in one of its windows.
 
 Each corpus is ingested once, with its cloze prompts, their teacher cache and the preservation pool
 (the parts every variant shares; their seconds are reported apart). For each variant (a set of
@@ -26,7 +29,7 @@ windows lie in it: a quicker, noisier reading of the same comparison. Probes who
 outside the subtree meet untrained blocks and count as they come out, so the overall figure is a
 lower bound; each setup's accuracy on the probes routed into their document's leaf is kept too.
 
-    python benchmarks/corpora.py [--corpora elements,fictional,foldoc] [--variants cloze,study2]
+    python benchmarks/corpora.py [--corpora elements,fictional,foldoc,registers] [--variants cloze,study2]
         [--subtree N] [--routing nearest|tree] [--memory-layers all|last:N] [--ranks R1,R2]
         [--train-args "..."] [--eval-args "--anchor-mix 0.5"]
         [--entities 300] [--limit N] [--out demo-out/corpora] [--fresh]
@@ -65,7 +68,9 @@ CORPORA: dict[str, tuple[str, str, str, str]] = {
     "elements": ("examples/elements/build.py", "elements.jsonl", "probes.jsonl", "probes-rephrased.jsonl"),
     "fictional": ("examples/fictional/build.py", "fictional.jsonl", "probes.jsonl", "probes-questions.jsonl"),
     "foldoc": ("examples/foldoc/build.py", "foldoc.jsonl", "probes.jsonl", "probes-questions.jsonl"),
+    "registers": ("examples/fictional/build.py", "fictional.jsonl", "probes.jsonl", "probes-questions.jsonl"),
 }
+REGISTER_SECTIONS = 12  # entity sections per register: about 1,200 anchor tokens, three windows
 MAIN_SETUPS = "anchor,oracle-rag,fetched,rag,rag+fetched"
 QUESTION_SETUPS = "anchor,oracle-rag,fetched"
 MEMORYLESS = ("anchor", "oracle-rag", "rag")  # setups that fetch no memory
@@ -73,7 +78,7 @@ MEMORYLESS = ("anchor", "oracle-rag", "rag")  # setups that fetch no memory
 QUESTION_ANSWER_TOKENS = 16
 # the question-form probes asked again as `memctl chat` asks them (`eval --chat`), where they are questions
 # (elements' are rephrased statements); an assistant's answer is a longer sentence
-CHAT_CORPORA = ("fictional", "foldoc")
+CHAT_CORPORA = ("fictional", "foldoc", "registers")
 CHAT_SETUPS = "oracle-rag,fetched"
 CHAT_ANSWER_TOKENS = 32
 
@@ -98,15 +103,23 @@ def memctl(env: dict[str, str], log: Path, *args: str) -> str:
 
 
 def subtree_probes(home: Path, bank: str, subtree: int, probes: Path, dest: Path) -> Path:
-    """The probes of documents with a window in level-1 subtree `subtree`."""
+    """The probes of documents with a window in level-1 subtree `subtree`; a probe that names its `subject`
+    (a section of a long document), those whose subject a window of its document in the subtree names."""
     from memctl.registry import Registry
 
     reg = Registry.open(bank, home)
     try:
-        docs = {r[0] for r in reg.db.execute("select distinct doc_id from windows where l1 = ?", [subtree])}
+        texts: dict[str, list[str]] = {}
+        for doc, text in reg.db.execute("select doc_id, text from windows where l1 = ?", [subtree]):
+            texts.setdefault(doc, []).append(text)
     finally:
         reg.close()
-    lines = [ln for ln in probes.read_text().splitlines() if ln.strip() and json.loads(ln)["doc"] in docs]
+
+    def inside(p: dict[str, Any]) -> bool:
+        found = texts.get(p["doc"])
+        return bool(found) and ("subject" not in p or any(p["subject"] in t for t in found))
+
+    lines = [ln for ln in probes.read_text().splitlines() if ln.strip() and inside(json.loads(ln))]
     dest.write_text("".join(ln + "\n" for ln in lines))
     return dest
 
@@ -398,8 +411,10 @@ def main() -> None:
         data = out / "data" / corpus
         if not (data / docs).is_file():
             build = [sys.executable, str(ROOT / script), "--out", str(data)]
-            if corpus == "fictional":
+            if corpus in ("fictional", "registers"):
                 build += ["--entities", str(a.entities)]
+            if corpus == "registers":
+                build += ["--per-document", str(REGISTER_SECTIONS)]
             run(dict(os.environ), build, log)
         pool = 1024  # memctl's default --preserve-pool, unless --train-args says otherwise
         extra = a.train_args.split()

@@ -1,9 +1,10 @@
 """Build a fictional corpus: invented people and organisations, with fact probes the anchor cannot know.
 
-Usage: python examples/fictional/build.py --out DIR [--seed 0] [--entities 300]
+Usage: python examples/fictional/build.py --out DIR [--seed 0] [--entities 300] [--per-document 1]
 
 Writes DIR/fictional.jsonl (one short document per entity, a second one in another style for about
-a fifth of them), DIR/probes.jsonl (statement completions: "Nesald Thalard came into the world in the
+a fifth of them; with --per-document N, long registers of N entities' sections each, several windows
+per document), DIR/probes.jsonl (statement completions: "Nesald Thalard came into the world in the
 year" -> ["1937"]) and DIR/probes-questions.jsonl (the same facts asked as questions). Every name,
 city, organisation and prize is made up from syllable pools, so that a model can only know these
 facts from the documents: the stand-in for private data. No probe wording occurs in any document:
@@ -22,7 +23,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from entities import STYLES, Entity, Person, make_orgs, make_people, make_pools
+from entities import CITIES, STYLES, Entity, Person, make_orgs, make_people, make_pools
 from render import document, pronoun, word_count
 
 # --- probes ------------------------------------------------------------------------------------
@@ -80,7 +81,19 @@ def prompt_ngrams(prompt: str, name: str, n: int = 4) -> set[tuple[str, ...]]:
 # --- build -------------------------------------------------------------------------------------
 
 
-def build(out: Path, seed: int = 0, entities: int = 300) -> dict[str, Counter[str]]:
+def registers(sections: list[tuple[str, str]], per_document: int, rng: random.Random) -> list[dict[str, str]]:
+    """Long documents: consecutive runs of `per_document` (entity slug, text) sections, one register each,
+    titled after a made-up chamber; a section keeps its own style (a table, a memo, Q&A, ...)."""
+    docs = []
+    for k in range(0, len(sections), per_document):
+        part = sections[k : k + per_document]
+        n = k // per_document + 1
+        title = f"{CITIES[rng.randrange(len(CITIES))]} chamber register, part {n}"
+        docs.append({"id": f"register-{n}", "title": title, "text": "\n\n".join(text for _, text in part)})
+    return docs
+
+
+def build(out: Path, seed: int = 0, entities: int = 300, per_document: int = 1) -> dict[str, Counter[str]]:
     rng = random.Random(seed)
     pools = make_pools(rng)
     names: set[str] = set()
@@ -99,6 +112,8 @@ def build(out: Path, seed: int = 0, entities: int = 300) -> dict[str, Counter[st
     questions: list[dict[str, object]] = []
     counts: dict[str, Counter[str]] = {"styles": Counter(), "statements": Counter(), "questions": Counter()}
     problems: list[str] = []
+    sections: list[tuple[str, str]] = []  # (doc id, text) in corpus order
+    subjects: dict[str, str] = {}  # probe doc -> the entity it asks about
     for e in everyone:
         styles = rng.sample(STYLES, 2)
         texts = [document(e, styles[0], rng)]
@@ -107,7 +122,9 @@ def build(out: Path, seed: int = 0, entities: int = 300) -> dict[str, Counter[st
         ids = [e.slug, f"{e.slug}-2"][: len(texts)]
         for doc_id, style, text in zip(ids, styles, texts, strict=False):
             docs.append({"id": doc_id, "title": e.name, "text": text})
+            sections.append((doc_id, text))
             counts["styles"][style] += 1
+        subjects[e.slug] = e.name
         pron = pronoun(e)["s"]
         for kind, answers in facts(e, sole_stems):
             for doc_id, text in zip(ids, texts, strict=True):
@@ -121,10 +138,24 @@ def build(out: Path, seed: int = 0, entities: int = 300) -> dict[str, Counter[st
                 )
                 counts[file][kind] += 1
 
+    if per_document > 1:  # second renderings land in other registers than their first
+        order = list(range(len(sections)))
+        rng.shuffle(order)
+        sections = [sections[i] for i in order]
+        where = {}
+        docs = registers(sections, per_document, rng)
+        for d, k in zip(docs, range(0, len(sections), per_document), strict=True):
+            for doc_id, _ in sections[k : k + per_document]:
+                where[doc_id] = d["id"]
+        for p in statements + questions:
+            p["subject"] = subjects[str(p["doc"])]
+            p["doc"] = where[str(p["doc"])]
     titles = {d["id"]: d["title"] for d in docs}
+    names = {p["doc"]: subjects.get(str(p["doc"]), titles[str(p["doc"])]) for p in statements + questions}
     doc_grams: set[tuple[str, ...]] = set().union(*(ngrams(d["text"]) for d in docs))
     for p in statements + questions:
-        shared = sorted(prompt_ngrams(str(p["prompt"]), titles[str(p["doc"])]) & doc_grams)
+        name = str(p.get("subject", names[str(p["doc"])]))
+        shared = sorted(prompt_ngrams(str(p["prompt"]), name) & doc_grams)
         if shared:
             problems.append(f"probe {p['prompt']!r} shares {' '.join(shared[0])!r} with a document")
     if problems:
@@ -137,9 +168,9 @@ def build(out: Path, seed: int = 0, entities: int = 300) -> dict[str, Counter[st
         (out / filename).write_text("".join(lines), encoding="utf-8")
 
     words = [word_count(d["text"]) for d in docs]
-    second = sum(d["id"].endswith("-2") for d in docs)
+    second = sum(doc_id.endswith("-2") for doc_id, _ in sections)
     print(f"entities: {len(everyone)} ({len(people)} people, {len(orgs)} organisations)")
-    print(f"documents: {len(docs)} ({second} second renderings) -> {out / 'fictional.jsonl'}")
+    print(f"documents: {len(docs)} ({len(sections)} renderings, {second} of them second) -> {out / 'fictional.jsonl'}")
     print(f"words: {sum(words)} (per document {min(words)}-{max(words)}, mean {sum(words) / len(words):.0f})")
     print("styles: " + ", ".join(f"{s} {counts['styles'][s]}" for s in STYLES))
     for file, filename in (("statements", "probes.jsonl"), ("questions", "probes-questions.jsonl")):
@@ -154,10 +185,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--entities", type=int, default=300, help="people and organisations, 2:1 (default 300)")
+    parser.add_argument(
+        "--per-document", type=int, default=1, help="entities per document: N > 1 writes long registers (default 1)"
+    )
     args = parser.parse_args(argv)
     if args.entities < 3:
         parser.error("--entities must be at least 3")
-    build(args.out, args.seed, args.entities)
+    if args.per_document < 1:
+        parser.error("--per-document must be at least 1")
+    build(args.out, args.seed, args.entities, args.per_document)
     return 0
 
 
