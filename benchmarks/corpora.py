@@ -134,7 +134,15 @@ def setups_of(out: str, answers: Path) -> dict[str, dict[str, Any]]:
 
 
 def prepare_base(
-    corpus: str, data: Path, base: Path, log: Path, pool: int, routing: str, layers: str, ranks: str = ""
+    corpus: str,
+    data: Path,
+    base: Path,
+    log: Path,
+    pool: int,
+    routing: str,
+    layers: str,
+    ranks: str = "",
+    window: int | None = None,
 ) -> dict[str, float]:
     """A bank ingested once per corpus, with its cloze prompts, their teacher cache and the preservation
     pool: what every variant shares, made once (variants copy it). Returns seconds per step."""
@@ -145,7 +153,8 @@ def prepare_base(
     env = dict(os.environ, MEMCTL_HOME=str(base))
     t0 = time.perf_counter()
     memctl(env, log, "ingest", str(data / CORPORA[corpus][1]), "--id-field", "id", "--bank", corpus,
-           "--memory-layers", layers, "--routing", routing, *(["--ranks", ranks] if ranks else []))  # fmt: skip
+           "--memory-layers", layers, "--routing", routing, *(["--ranks", ranks] if ranks else []),
+           *(["--window", str(window)] if window else []))  # fmt: skip
     ingest_s = time.perf_counter() - t0
     from memctl.cli.common import Rates
     from memctl.registry import Registry
@@ -382,6 +391,7 @@ def main() -> None:
     ap.add_argument(
         "--ranks", default="", help="the banks' memory neurons per level (ingest --ranks; default: memctl's)"
     )
+    ap.add_argument("--window", type=int, default=None, help="the banks' window (ingest --window; default: memctl's)")
     ap.add_argument("--train-args", default="", help="more `memctl train` options for every variant, quoted")
     ap.add_argument(
         "--eval-args",
@@ -422,12 +432,14 @@ def main() -> None:
             pool = int(extra[extra.index("--preserve-pool") + 1])
         shape = "" if a.memory_layers == "last:10" else f"-layers{a.memory_layers.replace(':', '')}"
         shape += f"-ranks{a.ranks.replace(',', '-')}" if a.ranks else ""
+        shape += f"-window{a.window}" if a.window else ""
         base = out / "homes" / f"{corpus}-{a.routing}-base-pool{pool}{shape}"
         for variant in variants:
             key = f"{corpus}/{variant}/{a.routing}" + (f"/subtree{a.subtree}" if a.subtree is not None else "")
             key += f" {a.train_args}" if a.train_args else ""
             key += f" --memory-layers {a.memory_layers}" if a.memory_layers != "last:10" else ""
             key += f" --ranks {a.ranks}" if a.ranks else ""
+            key += f" --window {a.window}" if a.window else ""
             home = out / "homes" / key.replace("/", "-").replace(" ", "")
             trained = rows.get(key) if a.eval_args and (home / "banks" / corpus).is_dir() else None
             key += f" eval {a.eval_args}" if a.eval_args else ""
@@ -436,7 +448,7 @@ def main() -> None:
                 continue
             console.rule(key)
             t0 = time.perf_counter()
-            shared = prepare_base(corpus, data, base, log, pool, a.routing, a.memory_layers, a.ranks)
+            shared = prepare_base(corpus, data, base, log, pool, a.routing, a.memory_layers, a.ranks, a.window)
             rows[key] = score(corpus, variant, base, data, home, log, a.subtree, a.limit, a.train_args.split(),
                               a.eval_args.split(), trained)  # fmt: skip
             rows[key]["seconds"].update({f"shared_{k}": v for k, v in shared.items()})

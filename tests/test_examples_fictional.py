@@ -110,3 +110,26 @@ def test_probes(built: tuple[Path, str]) -> None:
         assert name in p["prompt"]
         prompt_grams = set().union(*(ngrams(part) for part in p["prompt"].split(name)))
         assert not prompt_grams & doc_grams, (p["prompt"], prompt_grams & doc_grams)
+
+
+def test_registers_gather_sections_into_long_documents(built: tuple[Path, str], tmp_path: Path) -> None:
+    out, _ = built
+    reg = tmp_path / "registers"
+    stdout = run(reg, "--per-document", "12")
+    docs, single = load(reg / "fictional.jsonl"), load(out / "fictional.jsonl")
+    assert len(docs) == -(-len(single) // 12) and f"documents: {len(docs)}" in stdout
+    sections = sorted(s for d in docs for s in d["text"].split("\n\n"))
+    assert sections == sorted(s for d in single for s in d["text"].split("\n\n"))  # every rendering, once
+    assert all(re.fullmatch(r"\w+ chamber register, part \d+", d["title"]) for d in docs)
+    by_id = {d["id"]: d["text"] for d in docs}
+    for name in ("probes.jsonl", "probes-questions.jsonl"):
+        probes, plain = load(reg / name), load(out / name)
+        assert [(p["kind"], p["prompt"], p["answers"]) for p in probes] == [
+            (p["kind"], p["prompt"], p["answers"]) for p in plain
+        ]  # the same facts, asked the same way
+        for p in probes:  # each names its entity, whose section is in the register it points to
+            assert p["subject"] in p["prompt"] and p["subject"] in by_id[p["doc"]]
+            assert any(whole_word(a, by_id[p["doc"]]) for a in p["answers"])
+    bad = subprocess.run([sys.executable, str(BUILD), "--out", str(tmp_path / "x"), "--per-document", "0"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "--per-document must be at least 1" in bad.stderr

@@ -11,6 +11,7 @@ from tiny import level2_blocks_touched
 
 from memctl.build.embed import get_embedder
 from memctl.build.ingest import ingest
+from memctl.build.routing import route_prompts
 from memctl.core.tree import route
 from memctl.model.anchor import load_anchor
 from memctl.registry import Registry
@@ -189,7 +190,6 @@ def test_study_continuations_are_cached_with_provenance_and_leave_with_their_doc
         )
     )
     assert rows and all(r["doc_id"] == r["wdoc"] and r["studied"] == 3 and r["held_out"] == 0 for r in rows)
-    emb = get_embedder(reg.config.embedder)
     for r in rows[:6]:
         ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
         assert ids[: r["n_prompt"]] == tok(r["text"], add_special_tokens=False)["input_ids"]
@@ -208,8 +208,8 @@ def test_study_continuations_are_cached_with_provenance_and_leave_with_their_doc
         assert np.array_equal(np.frombuffer(r["topk_idx"], dtype=np.int32).reshape(n, TOPK), top.indices.numpy())
         got = np.frombuffer(r["topk_logp"], dtype=np.float32).reshape(n, TOPK)
         assert np.allclose(got, top.values.numpy(), atol=1e-4)
-        # routed from its seed as a user would type it (no chat markup)
-        assert r["path"] == ",".join(map(str, route(reg.load_tree(), emb.encode([seed.query]))[0]))
+        # under nearest routing, trained on its window's path
+        assert r["path"] == reg.db.execute("select path from windows where id = ?", [r["window_id"]]).fetchone()[0]
     again = prepare(reg, anchor, study=3)
     assert again.study_added == 0  # sampled once per window
     # trained only when asked for
@@ -220,6 +220,54 @@ def test_study_continuations_are_cached_with_provenance_and_leave_with_their_doc
     reg.remove_documents([doc])  # what `forget` removes a document with
     assert reg.db.execute("select count(*) from prompts where doc_id = ?", [doc]).fetchone()[0] == 0
     assert reg.db.execute("select count(*) from prompts where kind = ?", [STUDY]).fetchone()[0] > 0
+
+
+def test_under_greedy_routing_a_continuation_is_routed_from_its_seed(
+    home: Path, corpus: Path, tiny_anchor: Path
+) -> None:
+    ingest("s", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home, routing="tree")
+    reg = Registry.open("s", home)
+    anchor = load_anchor(str(tiny_anchor), home)
+    assert prepare(reg, anchor, study=2).study_added > 0
+    emb = get_embedder(reg.config.embedder)
+    seeds = {}
+    for title, text in reg.db.execute("select d.title, w.text from windows w join documents d on d.id = w.doc_id"):
+        seeds.update({s.text: s.query for s in seeds_for(anchor.tokenizer, subject_of(title or "", text))})
+    rows = list(reg.db.query("select text, path from prompts where kind = ?", [STUDY]))
+    assert rows
+    for r in rows:  # as a user would type the seed (no chat markup)
+        assert r["path"] == ",".join(map(str, route(reg.load_tree(), emb.encode([seeds[r["text"]]]))[0]))
+
+
+def test_a_long_documents_continuations_train_on_their_own_windows_paths(
+    home: Path, tmp_path: Path, tiny_anchor: Path
+) -> None:
+    names = ["Ada Wren", "Velma Orrick", "Tomas Vey", "Ann Bee", "Quorvane", "Brantholm", "Eskerfall", "Lemberg"]
+    paras = [
+        f"{n} entered the register in {1900 + 7 * i}. The entry lists a workshop on the {n} quay, two ledgers "
+        f"kept in the cellar, a seal with a heron, and a letter from {names[(i + 3) % 8]} about the harbour dues."
+        for i, n in enumerate(names)
+    ]
+    docs = tmp_path / "long"
+    docs.mkdir()
+    (docs / "register.txt").write_text("\n\n".join(paras))
+    (docs / "note.txt").write_text("Ada Wren keeps the harbour ledger.\n")
+    ingest("s", [docs], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), window=200, home=home)
+    reg = Registry.open("s", home)
+    anchor = load_anchor(str(tiny_anchor), home)
+    assert prepare(reg, anchor, study=2).study_added > 0
+    windows = list(reg.db.query("select w.id, w.path, w.text, d.id as doc, d.title from windows w join documents d "
+                                "on d.id = w.doc_id where d.id like '%register%'"))  # fmt: skip
+    assert len(windows) >= 4 and len({w["path"] for w in windows}) > 1
+    emb = get_embedder(reg.config.embedder)
+    elsewhere = 0
+    for w in windows:
+        rows = list(reg.db.query("select text, path from prompts where kind = ? and window_id = ?", [STUDY, w["id"]]))
+        assert rows and all(r["path"] == w["path"] for r in rows)  # its window's path
+        queries = {s.text: s.query for s in seeds_for(anchor.tokenizer, subject_of(w["title"] or "", w["text"]))}
+        seed_routes = route_prompts(reg, emb.encode([queries[r["text"]] for r in rows]), [w["doc"]] * len(rows))
+        elsewhere += sum(",".join(map(str, x)) != w["path"] for x in seed_routes)
+    assert elsewhere > 0  # where the seed alone would have routed some of them: the document's window nearest it
 
 
 def test_dense_kl_on_a_continuation_reaches_only_the_blocks_on_its_route(

@@ -171,8 +171,8 @@ def train(
         int | None,
         typer.Option(
             help="Self-study continuations per window: the anchor, reading the window, writes them from seeds "
-            "that name its subject, and the memories learn its every token (distill and mix; sampled once per "
-            "window; default 2 for a new bank, a trained bank keeps its own; 0: off)."
+            "that name its subject, and the memories on the window's path learn their every token (distill and "
+            "mix; sampled once per window; default 2 for a new bank, a trained bank keeps its own; 0: off)."
         ),
     ] = None,
     study_per_epoch: Annotated[

@@ -273,7 +273,10 @@ def add_study(
     grounded: bool = False,
 ) -> tuple[int, float]:
     """Self-study continuations for every window that has fewer than `per_window` (its earlier ones
-    are replaced), each routed from its seed as a user would ask it; with `grounded`, each cut before
+    are replaced). Under nearest routing each trains on its window's path, where a question that nears the
+    window goes (its seed names the document: alone it would route all of a long document's continuations
+    to the one window nearest the title); under greedy descent it is routed from its seed as a user would
+    ask it. With `grounded`, each cut before
     its first name or number the window does not give (memctl.train.grounding); with `l1s`, only the windows of
     those level-1 subtrees (the units being trained). With `hidden`, the teacher's hidden states at
     `hidden_layers` are kept too, and windows studied without them are studied again.
@@ -289,7 +292,8 @@ def add_study(
     )
     rows = list(
         reg.db.query(
-            "select w.id, w.doc_id, w.text, d.title from windows w join documents d on d.id = w.doc_id "
+            "select w.id, w.doc_id, w.text, w.path, d.title from windows w "
+            "join documents d on d.id = w.doc_id "
             f"where (w.studied < ?{redo})" + only + " order by w.id",
             [per_window, STUDY] if hidden else [per_window],
         )
@@ -298,13 +302,14 @@ def add_study(
     if not rows:
         return 0, 0.0
     tok = anchor.tokenizer
-    embedder = get_embedder(reg.config.embedder)
-    tree = reg.load_tree()
+    nearest = reg.config.routing == "nearest"
+    embedder = None if nearest else get_embedder(reg.config.embedder)
+    tree = None if nearest else reg.load_tree()
     seed_base = int(reg.config.seed)
     total, tokens = 0, 0
     for n, r in enumerate(rows):
-        seeds = pick_seeds(seeds_for(tok, subject_of(r["title"] or "", r["text"])), per_window)
         gen = torch.Generator().manual_seed(seed_base * 1_000_003 + int(r["id"]))  # per window: resumable
+        seeds = pick_seeds(seeds_for(tok, subject_of(r["title"] or "", r["text"])), per_window)
         conts = sample_continuations(anchor, r["text"], separator, seeds, gen, layers=layers)
         if grounded:
             conts = [c for c in (ground(tok, ct, r["text"]) for ct in conts) if c is not None]
@@ -326,13 +331,16 @@ def add_study(
                 }
             )
             tokens += len(ct.ids) - ct.n_prompt
-        if made:
+        if made and nearest:
+            paths = np.array([[int(v) for v in r["path"].split(",")]] * len(made), dtype=np.int64)
+        elif made:
+            assert embedder is not None
             paths = route_prompts(
                 reg, embedder.encode([ct.seed.query for ct in conts]), [r["doc_id"]] * len(conts), tree
             )
-            for m, path in zip(made, paths, strict=True):
-                m["path"] = ",".join(map(str, path))
-                m["l1"] = int(path[0])
+        for m, path in zip(made, paths if made else [], strict=True):
+            m["path"] = ",".join(map(str, path))
+            m["l1"] = int(path[0])
         with reg.db.atomic():  # one window at a time: an interrupted run resumes at the next window
             reg.db.execute("delete from prompts where kind = ? and window_id = ?", [STUDY, r["id"]])
             if made:
