@@ -30,7 +30,7 @@ outside the subtree meet untrained blocks and count as they come out, so the ove
 lower bound; each setup's accuracy on the probes routed into their document's leaf is kept too.
 
     python benchmarks/corpora.py [--corpora elements,fictional,foldoc,registers] [--variants cloze,study2]
-        [--subtree N] [--routing nearest|tree] [--memory-layers all|last:N] [--ranks R1,R2]
+        [--subtree N] [--routing nearest|tree] [--memory-layers all|last:N] [--ranks R1,R2] [--window N]
         [--train-args "..."] [--eval-args "--anchor-mix 0.5"]
         [--entities 300] [--limit N] [--out demo-out/corpora] [--fresh]
 """
