@@ -142,7 +142,7 @@ def build(out: Path, seed: int = 0, entities: int = 300, per_document: int = 1) 
         order = list(range(len(sections)))
         rng.shuffle(order)
         sections = [sections[i] for i in order]
-        where = {}
+        where: dict[str, str] = {}  # rendering id -> its register
         docs = registers(sections, per_document, rng)
         for d, k in zip(docs, range(0, len(sections), per_document), strict=True):
             for doc_id, _ in sections[k : k + per_document]:
@@ -151,10 +151,9 @@ def build(out: Path, seed: int = 0, entities: int = 300, per_document: int = 1) 
             p["subject"] = subjects[str(p["doc"])]
             p["doc"] = where[str(p["doc"])]
     titles = {d["id"]: d["title"] for d in docs}
-    names = {p["doc"]: subjects.get(str(p["doc"]), titles[str(p["doc"])]) for p in statements + questions}
     doc_grams: set[tuple[str, ...]] = set().union(*(ngrams(d["text"]) for d in docs))
     for p in statements + questions:
-        name = str(p.get("subject", names[str(p["doc"])]))
+        name = str(p.get("subject", titles[str(p["doc"])]))  # the entity the probe names
         shared = sorted(prompt_ngrams(str(p["prompt"]), name) & doc_grams)
         if shared:
             problems.append(f"probe {p['prompt']!r} shares {' '.join(shared[0])!r} with a document")
