@@ -308,8 +308,8 @@ def add_study(
     seed_base = int(reg.config.seed)
     total, tokens = 0, 0
     for n, r in enumerate(rows):
-        gen = torch.Generator().manual_seed(seed_base * 1_000_003 + int(r["id"]))  # per window: resumable
         seeds = pick_seeds(seeds_for(tok, subject_of(r["title"] or "", r["text"])), per_window)
+        gen = torch.Generator().manual_seed(seed_base * 1_000_003 + int(r["id"]))  # per window: resumable
         conts = sample_continuations(anchor, r["text"], separator, seeds, gen, layers=layers)
         if grounded:
             conts = [c for c in (ground(tok, ct, r["text"]) for ct in conts) if c is not None]
@@ -331,16 +331,18 @@ def add_study(
                 }
             )
             tokens += len(ct.ids) - ct.n_prompt
-        if made and nearest:
-            paths = np.array([[int(v) for v in r["path"].split(",")]] * len(made), dtype=np.int64)
-        elif made:
-            assert embedder is not None
-            paths = route_prompts(
-                reg, embedder.encode([ct.seed.query for ct in conts]), [r["doc_id"]] * len(conts), tree
-            )
-        for m, path in zip(made, paths if made else [], strict=True):
-            m["path"] = ",".join(map(str, path))
-            m["l1"] = int(path[0])
+        if made:
+            if nearest:  # the window's own path: the seed names the document, not the window
+                paths = [r["path"]] * len(made)
+            else:
+                assert embedder is not None
+                routed = route_prompts(
+                    reg, embedder.encode([ct.seed.query for ct in conts]), [r["doc_id"]] * len(conts), tree
+                )
+                paths = [",".join(map(str, path)) for path in routed]
+            for m, path in zip(made, paths, strict=True):
+                m["path"] = path
+                m["l1"] = int(path.split(",")[0])
         with reg.db.atomic():  # one window at a time: an interrupted run resumes at the next window
             reg.db.execute("delete from prompts where kind = ? and window_id = ?", [STUDY, r["id"]])
             if made:
