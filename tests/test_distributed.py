@@ -25,7 +25,10 @@ from memctl.train.merge import merge, train_out
 from memctl.train.run import train
 
 CFG = {"epochs": 2, "batch_size": 2, "objective": "mix", "preserve_pool": 64}  # windows and prompts both train
-FLAGS = ["--epochs", "2", "--batch-size", "2", "--objective", "mix", "--preserve-pool", "64"]
+# fp32 throughout: data-parallel ranks sum gradients in another order, a float32 rounding that stays near
+# 1e-5; under bf16 (train's auto default on a CPU with native bf16) each rank's half batch rounds its
+# activations differently, and the blocks differ from one process's by about 5%
+FLAGS = ["--epochs", "2", "--batch-size", "2", "--objective", "mix", "--preserve-pool", "64", "--dtype", "fp32"]
 
 
 def _blocks(reg: Registry) -> dict[str, dict[str, torch.Tensor]]:
@@ -83,6 +86,14 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def fp32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every training in this process in fp32, as FLAGS asks of the torchrun jobs (see FLAGS)."""
+    import memctl.core.placement as placement_module
+
+    monkeypatch.setattr(placement_module, "native_bf16_cpu", lambda: False)
 
 
 @pytest.fixture()
@@ -157,7 +168,7 @@ STOP_THEN_RESUME = """
 import json, sys
 from memctl.train.run import train
 steps = int(sys.argv[2]) if len(sys.argv) > 2 else None
-train("new", json.loads(sys.argv[1]), max_steps=steps, dp=2)
+train("new", json.loads(sys.argv[1]), max_steps=steps, dp=2, dtype="fp32")
 """
 
 

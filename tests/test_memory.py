@@ -116,3 +116,47 @@ def test_gradients_reach_only_fetched_blocks_and_never_the_anchor(tiny_anchor: P
         assert touched.tolist() == [True, False, True, False]
     assert all(p.grad is None for p in model.parameters())
     handle.detach()
+
+
+def test_rows_in_runs_give_what_scattered_rows_give(tiny_anchor: Path) -> None:
+    """A batch whose rows sit in runs by block (a training batch, sorted by path) takes split and
+    concatenate; the same rows scattered take gather and scatter: the same delta and gradients."""
+    model = _model(tiny_anchor)
+    act = decoder_layers(model)[0].mlp.act_fn
+    d = model.config.hidden_size
+    g = torch.Generator().manual_seed(5)
+    parts = [(torch.randn(3, 2, 4, d, generator=g) * 0.1).requires_grad_(True) for _ in range(3)]
+    x = torch.randn(6, 5, d, generator=g).requires_grad_(True)
+    index = torch.tensor([1, 1, -1, 0, 0, 2])  # block 1 twice, a row that fetches nothing, block 0 twice, block 2
+    perm = torch.tensor([3, 0, 5, 2, 1, 4])
+    in_runs, scattered = LevelFetch(*parts, index=index), LevelFetch(*parts, index=index[perm])
+    assert in_runs.runs(index) == [(1, 2), (-1, 1), (0, 2), (2, 1)] and scattered.runs(index[perm]) is None
+    a = memory_delta(x, Fetched([in_runs], 6), 1, act)
+    b = memory_delta(x[perm], Fetched([scattered], 6), 1, act)
+    torch.testing.assert_close(a[perm], b)
+    assert a[2].abs().max() == 0 and a.abs().max() > 0
+    grads_a = torch.autograd.grad(a.square().sum(), [x, *parts])
+    grads_b = torch.autograd.grad(b.square().sum(), [x, *parts])
+    for ga, gb in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(ga, gb)
+
+
+def test_training_batches_hold_each_blocks_rows_in_one_run() -> None:
+    """epoch_batches puts a batch's samples in path order, so memory_delta never gathers or scatters."""
+    from memctl.core.config import TrainConfig
+    from memctl.train.batches import Sample, epoch_batches
+
+    rng = torch.Generator().manual_seed(0)
+    paths = [(int(a), 2 + 2 * int(a) + int(b)) for a, b in torch.randint(0, 2, (200, 2), generator=rng)]
+    target = torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2)
+    samples = [
+        Sample(f"p{i}", "d", [1] * int(n), p, n_prompt=1, topk_idx=target[0], topk_logp=target[1])
+        for i, (p, n) in enumerate(zip(paths, torch.randint(3, 40, (200,), generator=rng), strict=True))
+    ]
+    batches = epoch_batches(samples, "0", 2, TrainConfig(), 0)
+    assert sorted(i for b in batches for i in b) == list(range(200))
+    for batch in batches:
+        for level in (0, 1):
+            blocks = [samples[i].path[level] for i in batch]
+            index = torch.tensor(blocks)
+            assert LevelFetch(*(torch.zeros(1),) * 3, index=index).runs(index) is not None, blocks

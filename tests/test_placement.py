@@ -30,13 +30,39 @@ def test_placement_reads_device_and_dtype() -> None:
         with pytest.raises(InputError, match="use cpu, cuda or cuda:N"):
             placement(device)
     for dtype in ("fp16", "int8", "float64"):
-        with pytest.raises(InputError, match="use fp32 or bf16"):
+        with pytest.raises(InputError, match="use fp32, bf16 or auto"):
             placement("cpu", dtype)
     if not torch.cuda.is_available():
         with pytest.raises(InputError, match="sees no CUDA GPU"):
             placement("cuda", local_rank=1)
     with pytest.raises(InputError, match="each rank uses its own GPU"):  # under torchrun: --device cuda
         placement("cuda:0", local_rank=1, ranks=2)
+
+
+def test_train_defaults_to_auto_bf16_where_the_cpu_multiplies_bf16(
+    corpus: Path, tiny_anchor: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memctl.core.placement as placement_module
+
+    seen: list[torch.dtype] = []
+    real = train_module.train_unit
+
+    def spy(reg: Any, anchor: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(anchor.dtype)
+        return real(reg, anchor, *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "train_unit", spy)
+    for native, want, label in ((True, torch.bfloat16, "cpu bf16"), (False, torch.float32, "cpu fp32")):
+        monkeypatch.setattr(placement_module, "native_bf16_cpu", lambda native=native: native)
+        assert placement("cpu", " Auto ").dtype == want
+        assert placement().dtype == torch.float32  # ask, chat and eval: fp32 unless told
+        home = tmp_path / label.replace(" ", "-")
+        ingest("b", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), memory_layers="last:1", home=home)
+        seen.clear()
+        res = train("b", {**SETTINGS, "epochs": 1}, home=home)
+        assert res.placement == label and set(seen) == {want}
+        assert train("b", {**SETTINGS, "epochs": 1}, home=home, retrain=True, dtype="fp32").placement == "cpu fp32"
+    assert placement_module.auto_dtype(torch.device("cuda", 0)) == "fp32"  # a GPU: fp32 (bf16 gained nothing there)
 
 
 def test_the_anchor_is_cached_in_float32_and_cast_after(tiny_anchor: Path, home: Path) -> None:
@@ -80,7 +106,7 @@ def test_bf16_training_keeps_float32_blocks_and_follows_fp32(
         seen.append((anchor.dtype, anchor.device))
         return real(reg, anchor, *args, **kwargs)
 
-    fp32 = _trained(corpus, tiny_anchor, tmp_path / "fp32")
+    fp32 = _trained(corpus, tiny_anchor, tmp_path / "fp32", dtype="fp32")
     monkeypatch.setattr(train_module, "train_unit", spy)
     bf16 = _trained(corpus, tiny_anchor, tmp_path / "bf16", device="cpu", dtype="bf16")
     assert seen and set(seen) == {(torch.bfloat16, torch.device("cpu"))}  # every unit ran the bf16 anchor
@@ -106,7 +132,7 @@ def test_bf16_training_resumes_from_its_checkpoints(corpus: Path, tiny_anchor: P
     first = train("b", SETTINGS, home=home, dtype="bf16", max_steps=2)
     assert first.interrupted and not first.units
     with pytest.raises(InputError, match="interrupted run on cpu bf16 is pending"):
-        train("b", SETTINGS, home=home)  # resuming in fp32 would mix precisions in one unit
+        train("b", SETTINGS, home=home, dtype="fp32")  # resuming in fp32 would mix precisions in one unit
     assert train("b", SETTINGS, home=home, dtype="bf16").units
     reg = Registry.open("b", home)
     resumed = {r["id"]: reg.read_block(r) for r in reg.blocks("file is not null")}
@@ -119,7 +145,7 @@ def test_bf16_training_resumes_from_its_checkpoints(corpus: Path, tiny_anchor: P
 def test_cli_refuses_a_device_or_dtype_it_cannot_use(home: Path, corpus: Path, tiny_anchor: Path) -> None:
     make_bank(corpus, tiny_anchor)
     before = tree_digest(home / "banks")
-    assert "use fp32 or bf16" in one_error_line(invoke("train", "--bank", "b", "--dtype", "fp16"))
+    assert "use fp32, bf16 or auto" in one_error_line(invoke("train", "--bank", "b", "--dtype", "fp16"))
     assert "use cpu, cuda or cuda:N" in one_error_line(invoke("train", "--bank", "b", "--device", "tpu"))
     if not torch.cuda.is_available():
         assert "sees no CUDA GPU" in one_error_line(invoke("train", "--bank", "b", "--device", "cuda"))
@@ -167,5 +193,5 @@ def test_ask_runs_the_anchor_in_the_dtype_asked_for(home: Path, corpus: Path, ti
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert d["device"] == "cpu bf16" and d["store"]["misses"] == 2
-    assert "use fp32 or bf16" in one_error_line(invoke("ask", "--bank", "b", "x", "--dtype", "half"))
+    assert "use fp32, bf16 or auto" in one_error_line(invoke("ask", "--bank", "b", "x", "--dtype", "half"))
     assert "float32 model on the CPU" in one_error_line(invoke("ask", "--bank", "b", "x", "--int8", "--dtype", "bf16"))

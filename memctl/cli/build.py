@@ -235,8 +235,9 @@ def train(
     dtype: Annotated[
         str | None,
         typer.Option(
-            help="fp32 or bf16: the anchor's compute dtype; blocks and their optimizer stay "
-            "float32 (default fp32; bf16 is for GPUs, about 5x slower on this kind of CPU)."
+            help="fp32, bf16 or auto: the anchor's compute dtype; blocks and their optimizer stay "
+            "float32 (default auto: bf16 on a CPU that multiplies bf16 in hardware, AVX512-BF16 or AMX, "
+            "fp32 on other CPUs and on GPUs)."
         ),
     ] = None,
     no_wait: NoWaitOpt = False,
@@ -350,6 +351,7 @@ def train(
                 "units": [u.__dict__ for u in res.units],
                 "skipped": res.skipped,
                 "tokens": res.tokens,
+                "placement": res.placement,
                 "prepare": res.prepare.__dict__ if res.prepare else None,
             }
         )
@@ -375,7 +377,7 @@ def train(
         )
         if p.coverage:
             out.print(coverage_line(p.coverage))
-    table = Table(title=f"trained {len(res.units)} unit(s) of {bank}")
+    table = Table(title=f"trained {len(res.units)} unit(s) of {bank} ({res.placement})")
     for col in (
         "unit",
         "steps",

@@ -135,7 +135,10 @@ DeviceOpt = Annotated[
 ]
 DtypeOpt = Annotated[
     str | None,
-    typer.Option(help="fp32 or bf16: the anchor's dtype; blocks are served in it (default fp32; bf16 is for GPUs)."),
+    typer.Option(
+        help="fp32, bf16 or auto (bf16 on a CPU that multiplies bf16 in hardware, else fp32): the anchor's "
+        "dtype; blocks are served in it (default fp32)."
+    ),
 ]
 
 

@@ -33,10 +33,22 @@ class LevelFetch:
     _views: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] | None = field(
         default=None, repr=False, compare=False
     )
+    _runs: dict[int, list[tuple[int, int]] | None] = field(default_factory=dict, repr=False, compare=False)
 
     def shared(self) -> bool:
         """One block serves the whole batch: a plain matmul, no per-sample gather."""
         return self.gate.shape[0] == 1 and bool((self.index == 0).all())
+
+    def runs(self, index: torch.Tensor) -> list[tuple[int, int]] | None:
+        """(block, rows) of each run of equal `index` values, when every block's rows are one run (a
+        training batch sorted by path); None when some block's rows are scattered. Read once per
+        fetch and batch size: every layer asks."""
+        key = int(index.numel())
+        if key not in self._runs:
+            values, counts = torch.unique_consecutive(index.cpu(), return_counts=True)
+            vs = values.tolist()
+            self._runs[key] = list(zip(vs, counts.tolist(), strict=True)) if len(set(vs)) == len(vs) else None
+        return self._runs[key]
 
     def weights(self, slot: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Per block, its (gate, up, down) at memory layer `slot`, each (r, d).
@@ -156,6 +168,13 @@ def memory_delta(x: torch.Tensor, fetched: Fetched, slot: int, act: Act) -> torc
             delta = out if delta is None else delta + out
             continue
         index = fetched.row_index(lv, x.shape[0])
+        runs = lv.runs(index)
+        if runs is not None:  # each block's rows are one run: split and concatenate, no gather or scatter
+            parts = x.split([n for _, n in runs], dim=0)
+            out = torch.cat([_ffn(z, blocks[b], act) if b >= 0 else torch.zeros_like(z) for z, (b, _) in
+                             zip(parts, runs, strict=True)])  # fmt: skip
+            delta = out if delta is None else delta + out
+            continue
         for b in index.unique().tolist():
             if b < 0:  # these rows fetch nothing at this level
                 continue

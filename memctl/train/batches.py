@@ -280,13 +280,15 @@ def epoch_batches(samples: list[Sample], unit: str, k: int, tcfg: TrainConfig, e
         order = order[keep[order]]
     # one kind per batch (preservation sequences are short: twice as many per step); length buckets:
     # sort runs of 8 batches by length so little compute goes to padding; then shuffle the batches
-    # (a sample carrying merged prompts counts as that many: see merge_prefixes)
+    # (a sample carrying merged prompts counts as that many: see merge_prefixes). Within a batch, samples
+    # go in path order: each block's rows are then one run (memctl.model.memory.memory_delta)
     batches: list[list[int]] = []
     for kind in ("lm", "kd", "keep"):
         bs = tcfg.batch_size * {"lm": 1, "kd": tcfg.prompt_batch_factor, "keep": 2}[kind]
         mine = [i for i in order.tolist() if samples[i].kind == kind]
         for run in _chunks(mine, samples, 8 * bs):
-            batches.extend(_chunks(sorted(run, key=lambda i: len(samples[i].ids)), samples, bs))
+            chunks = _chunks(sorted(run, key=lambda i: len(samples[i].ids)), samples, bs)
+            batches.extend(sorted(c, key=lambda i: samples[i].path) for c in chunks)
     return [batches[i] for i in rng.permutation(len(batches))]
 
 

@@ -202,7 +202,8 @@ def train_distributed(
         torch.cuda.set_device(place.device)
     with process_group(world), ExitStack() as held:  # rank 0 holds the writer lock until its last commit
         group = make_groups(world.size, dp, world.rank)
-        reg, anchor, handle, result = None, None, None, TrainResult(bank=name, rank=world.rank, world=world.size)
+        result = TrainResult(bank=name, rank=world.rank, world=world.size, placement=place.label)
+        reg, anchor, handle = None, None, None
         plan = _Plan("", [], [])
         try:
             if world.rank == 0:  # checks, configuration, preparation: everything that writes

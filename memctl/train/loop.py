@@ -72,6 +72,7 @@ class TrainResult:
     skipped: list[str] = field(default_factory=list)
     interrupted: bool = False
     prepare: PrepareReport | None = None  # prompts and teacher cache (distill and mix)
+    placement: str = "cpu fp32"  # where the anchor ran and its dtype (Placement.label)
     rank: int = 0  # under torchrun: this process's rank, the number of ranks, the units it trained
     world: int = 1
     assigned: list[str] = field(default_factory=list)

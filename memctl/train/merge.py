@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..core.errors import BankStateError, InputError, MemctlError
-from ..core.placement import placement
+from ..core.placement import AUTO, placement
 from ..model.anchor import attach
 from ..model.memory import PARTS
 from ..registry import Registry, block_id, dumps, memctl_home, now
@@ -147,7 +147,7 @@ def train_out(
 ) -> OutResult:
     """Train one unit into `out` (blocks + manifest) without modifying the bank; `device` and
     `dtype` as for `train`."""
-    place = placement(device, dtype)
+    place = placement(device, dtype or AUTO)
     home = home or memctl_home()
     reg = Registry.open(name, home)
     try:

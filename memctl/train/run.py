@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..core.config import TrainConfig
-from ..core.placement import Placement, placement
+from ..core.placement import AUTO, Placement, placement
 from ..model.anchor import attach
 from ..registry import Registry, dumps, memctl_home, now
 from ..registry.lock import bank_lock
@@ -57,11 +57,11 @@ def train(
     many steps with a checkpoint, as an interruption would (used by tests). Under torchrun (WORLD_SIZE
     above 1) the units are shared out across the ranks (memctl.train.distributed); rank 0 alone writes.
     `dp` ranks train each unit together (data-parallel); WORLD_SIZE must be a multiple of it.
-    `device` and `dtype` place the anchor (memctl.core.placement; default cpu, fp32; `cuda` under torchrun
-    is each rank's own GPU).
+    `device` and `dtype` place the anchor (memctl.core.placement; default cpu and auto: bf16 on a CPU with
+    native bf16, fp32 elsewhere; `cuda` under torchrun is each rank's own GPU).
     """
     world = World.from_env()
-    place = placement(device, dtype, world.local_rank, world.size)
+    place = placement(device, dtype or AUTO, world.local_rank, world.size)
     if world.size > 1 or dp != 1:
         return train_distributed(
             world, name, overrides, subtree=subtree, retrain=retrain, restart=restart, home=home,
@@ -92,7 +92,7 @@ def _train_units(
     max_steps: int | None,
 ) -> TrainResult:
     name = reg.name
-    result = TrainResult(bank=name, skipped=done)
+    result = TrainResult(bank=name, skipped=done, placement=place.label)
     if not todo:
         return result
     anchor = load_bank_anchor(reg, home, place)
