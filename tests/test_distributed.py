@@ -260,6 +260,11 @@ def test_units_trained_apart_then_merged_equal_one_process(
     duplicate = shutil.copytree(dirs[0], tmp_path / "u0-again")
     refused([dirs[0], dirs[1], duplicate], InputError, "both hold unit 0")
     refused([tmp_path], InputError, "no manifest.json")
+    odd = shutil.copytree(dirs[0], tmp_path / "u0-fp16")
+    m = json.loads((odd / "manifest.json").read_text())
+    assert m["dtype"] == "fp32"  # what forget retrains the unit in (auto is fp32 here: see fp32)
+    (odd / "manifest.json").write_text(json.dumps({**m, "dtype": "fp16"}))
+    refused([odd, dirs[1]], InputError, "unknown compute dtype 'fp16'")
     res = CliRunner().invoke(app, ["merge", "--bank", "new", str(dirs[0]), str(tampered)])
     assert res.exit_code != 0 and "checksum" in res.output and "Traceback" not in res.output
     assert len(res.output.strip().splitlines()) == 1 and tree_digest(new_path) == before
@@ -268,8 +273,8 @@ def test_units_trained_apart_then_merged_equal_one_process(
     assert sorted(done.units) == ["0", "1", "generic"]
     new = Registry.open("new", home)
     _assert_same_training(new, ref)
-    runs = [r["unit"] for r in new.db.query("select unit from runs where status = 'done'")]
-    assert sorted(runs) == ["0", "1", "generic"]
+    runs = list(new.db.query("select unit, dtype from runs where status = 'done'"))
+    assert sorted(r["unit"] for r in runs) == ["0", "1", "generic"] and {r["dtype"] for r in runs} == {"fp32"}
     assert train("new", home=home).units == []  # every unit counts as trained
 
 

@@ -34,7 +34,13 @@ def _grep(root: Path, needle: bytes) -> list[str]:
 @pytest.fixture()
 def twin_banks(home: Path, corpus: Path, tiny_anchor: Path, tmp_path: Path) -> tuple[Registry, Registry]:
     """Bank 'a' with every document, and bank 'b': the same bank (same tree, seeds) without DOC.
-    Both trained the same way."""
+    Both trained the same way, in train's default dtype (auto: bf16 on a CPU with native bf16)."""
+    return _twins(home, corpus, tiny_anchor, tmp_path)
+
+
+def _twins(
+    home: Path, corpus: Path, tiny_anchor: Path, tmp_path: Path, dtype: str | None = None
+) -> tuple[Registry, Registry]:
     ingest("a", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
     refs = tmp_path / "refs"
     refs.mkdir()
@@ -46,9 +52,30 @@ def twin_banks(home: Path, corpus: Path, tiny_anchor: Path, tmp_path: Path) -> t
     b = Registry.open("b", home)
     with b.db.atomic():
         _remove(b, [DOC])
-    train("a", CFG, home=home)
-    train("b", CFG, home=home)
+    train("a", CFG, home=home, dtype=dtype)
+    train("b", CFG, home=home, dtype=dtype)
     return Registry.open("a", home), b
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_exact_forgetting_retrains_in_the_dtype_the_unit_was_trained_in(
+    home: Path, corpus: Path, tiny_anchor: Path, tmp_path: Path, dtype: str
+) -> None:
+    """forget serves in fp32, but retrains each unit in the dtype its run recorded: a bf16-trained
+    unit is retrained by a second, bf16 anchor, and matches its twin trained without the document."""
+    a, b = _twins(home, corpus, tiny_anchor, tmp_path, dtype)
+    assert {r[0] for r in a.db.execute("select dtype from runs")} == {dtype}
+    plan = plan_forget("a", docs=[DOC], home=home)
+    forget(plan, home=home)
+    a = Registry.open("a", home)
+    got, want = _blocks(a), _blocks(b)
+    assert got.keys() == want.keys()
+    for bid in want:
+        for part in ("gate", "up", "down"):
+            assert torch.equal(got[bid][part], want[bid][part]), (bid, part)
+    retrained = list(a.db.query("select unit, dtype from runs order by id desc limit ?", [len(plan.units)]))
+    assert sorted(r["unit"] for r in retrained) == sorted(plan.units)
+    assert {r["dtype"] for r in retrained} == {dtype}  # a later forget retrains it alike again
 
 
 def test_exact_forgetting_equals_training_without_the_document(home: Path, twin_banks) -> None:  # noqa: ANN001

@@ -14,7 +14,7 @@ from test_cli import invoke, make_bank, one_error_line
 import memctl.train.run as train_module
 from memctl.build.ingest import ingest
 from memctl.core.errors import InputError
-from memctl.core.placement import CPU, Placement, placement
+from memctl.core.placement import CPU, Placement, dtype_name, placement
 from memctl.model.anchor import load_anchor
 from memctl.model.memory import block_generator, init_block
 from memctl.registry import Registry
@@ -62,6 +62,11 @@ def test_train_defaults_to_auto_bf16_where_the_cpu_multiplies_bf16(
         res = train("b", {**SETTINGS, "epochs": 1}, home=home)
         assert res.placement == label and set(seen) == {want}
         assert train("b", {**SETTINGS, "epochs": 1}, home=home, retrain=True, dtype="fp32").placement == "cpu fp32"
+        seen.clear()  # no --dtype: a bank already trained retrains in its last run's dtype, not auto's
+        assert train("b", {**SETTINGS, "epochs": 1}, home=home, retrain=True).placement == "cpu fp32"
+        assert set(seen) == {torch.float32}
+        runs = [r["dtype"] for r in Registry.open("b", home).db.query("select dtype from runs order by id")]
+        assert runs == [dtype_name(want)] * (len(runs) // 3) + ["fp32"] * (2 * len(runs) // 3)
     assert placement_module.auto_dtype(torch.device("cuda", 0)) == "fp32"  # a GPU: fp32 (bf16 gained nothing there)
 
 
@@ -125,7 +130,11 @@ def test_bf16_training_keeps_float32_blocks_and_follows_fp32(
             assert cos > 0.85, (block_id, part, float(cos))
 
 
-def test_bf16_training_resumes_from_its_checkpoints(corpus: Path, tiny_anchor: Path, tmp_path: Path) -> None:
+def test_bf16_training_resumes_from_its_checkpoints(
+    corpus: Path, tiny_anchor: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memctl.core.placement as placement_module
+
     whole = _trained(corpus, tiny_anchor, tmp_path / "whole", dtype="bf16")
     home = tmp_path / "cut"
     ingest("b", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), memory_layers="last:1", home=home)
@@ -133,8 +142,10 @@ def test_bf16_training_resumes_from_its_checkpoints(corpus: Path, tiny_anchor: P
     assert first.interrupted and not first.units
     with pytest.raises(InputError, match="interrupted run on cpu bf16 is pending"):
         train("b", SETTINGS, home=home, dtype="fp32")  # resuming in fp32 would mix precisions in one unit
-    assert train("b", SETTINGS, home=home, dtype="bf16").units
+    monkeypatch.setattr(placement_module, "native_bf16_cpu", lambda: False)  # auto would be fp32
+    assert train("b", SETTINGS, home=home).placement == "cpu bf16"  # no --dtype: the checkpoint's
     reg = Registry.open("b", home)
+    assert {r["dtype"] for r in reg.db.query("select dtype from runs where status = 'done'")} == {"bf16"}
     resumed = {r["id"]: reg.read_block(r) for r in reg.blocks("file is not null")}
     assert resumed.keys() == whole.keys()
     for block_id, parts in whole.items():

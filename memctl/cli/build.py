@@ -236,8 +236,8 @@ def train(
         str | None,
         typer.Option(
             help="fp32, bf16 or auto: the anchor's compute dtype; blocks and their optimizer stay "
-            "float32 (default auto: bf16 on a CPU that multiplies bf16 in hardware, AVX512-BF16 or AMX, "
-            "fp32 on other CPUs and on GPUs)."
+            "float32 (default: the dtype the bank was last trained in; for a new bank auto: bf16 on a CPU "
+            "that multiplies bf16 in hardware, AVX512-BF16 or AMX, fp32 on other CPUs and on GPUs)."
         ),
     ] = None,
     no_wait: NoWaitOpt = False,

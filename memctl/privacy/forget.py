@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.config import TrainConfig, train_config_from_json
 from ..core.errors import InputError, MemctlError
 from ..core.probes import Probe, is_correct
 from ..core.tree import subtree_of
@@ -45,6 +44,7 @@ from ..train.records import TrainedUnit, record_unit, write_unit
 from ..train.units import GENERIC, unit_of
 from .controls import check_docs, doc_blocks
 from .proof import MIN_REFERENCES, DocText, baseline, gains, judge, measure, zscores
+from .retrain import trainers, unit_config, unit_dtype
 
 MODES = ("exact", "drop")
 Progress = Callable[[str, int, int], None]
@@ -161,14 +161,6 @@ def affected_units(reg: Registry, doc_ids: Sequence[str]) -> list[str]:
     marks = ",".join("?" for _ in doc_ids)
     l1s |= {r[0] for r in reg.db.execute(f"select distinct l1 from prompts where doc_id in ({marks})", list(doc_ids))}
     return _units_with_data(reg, [str(u) for u in sorted(l1s)] + [GENERIC])
-
-
-def unit_config(reg: Registry, unit: str) -> TrainConfig:
-    """The configuration the unit was last trained with (exact retraining repeats it)."""
-    row = reg.db.execute(
-        "select config from runs where unit = ? and status = 'done' order by id desc limit 1", [unit]
-    ).fetchone()
-    return train_config_from_json(row[0]) if row else TrainConfig()
 
 
 def plan_forget(
@@ -332,21 +324,25 @@ def _forget(
         trained: list[TrainedUnit] = []
         if plan.mode == "exact":
             units = _units_with_data(reg, plan.units)
-            configs = [unit_config(reg, u) for u in units]  # each unit retrains as it was last trained
-            objective = configs[0].objective if configs else "lm"
-            pool = max((c.preserve_pool for c in configs if c.preserve > 0), default=0)
-            if pool:  # a merged bank has no pool yet: make the one its jobs made (seeded, deterministic)
-                prepare_pool(reg, session.anchor, progress, pool)
-            split_head = head_split_ok(reg, session.anchor, units, objective)
-            with sigint_flag() as flag:
-                for i, (u, tcfg) in enumerate(zip(units, configs, strict=True)):
-                    tu = train_unit(
-                        reg, session.anchor, session.handle, u, tcfg, i, len(units),
-                        train_progress, flag, None, split_head, exclude=frozenset(ids), checkpoints=False,
-                    )  # fmt: skip
-                    if tu is None:
-                        raise ForgetInterrupted("forget interrupted before it committed: nothing was changed")
-                    trained.append(tu)
+            configs = [unit_config(reg, u) for u in units]  # each unit retrains as it was last trained,
+            dtypes = [unit_dtype(reg, u) for u in units]  # in the dtype it was trained in
+            with trainers(session, dtypes) as anchors:
+                objective = configs[0].objective if configs else "lm"
+                pool = max((c.preserve_pool for c in configs if c.preserve > 0), default=0)
+                first = anchors[dtypes[0]][0] if dtypes else session.anchor
+                if pool:  # a merged bank has no pool yet: make the one its jobs made (seeded, deterministic)
+                    prepare_pool(reg, first, progress, pool)
+                split_head = head_split_ok(reg, first, units, objective)
+                with sigint_flag() as flag:
+                    for i, (u, tcfg, dt) in enumerate(zip(units, configs, dtypes, strict=True)):
+                        anchor, handle = anchors[dt]
+                        tu = train_unit(
+                            reg, anchor, handle, u, tcfg, i, len(units),
+                            train_progress, flag, None, split_head, exclude=frozenset(ids), checkpoints=False,
+                        )  # fmt: skip
+                        if tu is None:
+                            raise ForgetInterrupted("forget interrupted before it committed: nothing was changed")
+                        trained.append(tu)
         try:
             files = [write_unit(reg, tu) for tu in trained]
             with reg.db.atomic():
@@ -357,6 +353,7 @@ def _forget(
                         {
                             "started": now(), "finished": now(), "status": "done", "unit": tu.result.unit,
                             "config": dumps(dataclasses.asdict(unit_config(reg, tu.result.unit))),
+                            "dtype": unit_dtype(reg, tu.result.unit),
                             "steps": tu.result.steps, "tokens": tu.result.tokens,
                             "loss_first": tu.result.loss_first, "loss_last": tu.result.loss_last,
                             "seconds": tu.result.seconds,

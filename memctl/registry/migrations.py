@@ -189,6 +189,12 @@ def _m009_prompt_rules(db: sqlite_utils.Database) -> None:
     db["windows"].add_column("prompt_rules", int, not_null_default=0)
 
 
+def _m010_run_dtype(db: sqlite_utils.Database) -> None:
+    """The compute dtype each run trained its unit in (fp32 or bf16: memctl.core.placement), so that
+    `forget` retrains a unit in it. Runs recorded before this were fp32 unless `--dtype bf16` was passed."""
+    db["runs"].add_column("dtype", str, not_null_default="fp32")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_prompts,
@@ -199,6 +205,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m007_study,
     _m008_study_hidden,
     _m009_prompt_rules,
+    _m010_run_dtype,
 ]
 
 

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from ..core import errors
 from ..core.config import TrainConfig, train_config_from_json
 from ..core.errors import InputError, MemctlError
-from ..core.placement import CPU, Placement
+from ..core.placement import CPU, Placement, dtype_name
 from ..model.anchor import attach
 from ..model.memory import PARTS
 from ..registry import Registry, dumps, lock, memctl_home
@@ -348,11 +348,12 @@ def _train_main(
     one transaction each."""
     n = len(plan.todo)
     dp = 1 if group is None else group.size
+    dtype = dtype_name(anchor.dtype)  # every rank runs the same placement kind
     for unit in result.assigned:
         if group is None and flag["stop"]:  # a group stops together, inside train_unit
             break
         no = plan.todo.index(unit)
-        run_id = start_run(reg, unit, tcfg)
+        run_id = start_run(reg, unit, tcfg, dtype)
         tu = train_unit(reg, anchor, handle, unit, tcfg, no, n, progress, flag, max_steps, plan.split_head, dp=group)
         if tu is None:
             stop_run(reg, run_id)
@@ -368,9 +369,9 @@ def _train_main(
             kind, body = recv_message(rank, plan.todo.index(unit))
             if kind == "done":
                 tu: TrainedUnit = body
-                result.units.append(commit_unit(reg, tu, start_run(reg, unit, tcfg)))
+                result.units.append(commit_unit(reg, tu, start_run(reg, unit, tcfg, dtype)))
             elif kind == "stopped":
-                stop_run(reg, start_run(reg, unit, tcfg))
+                stop_run(reg, start_run(reg, unit, tcfg, dtype))
                 result.interrupted = True
             elif kind == "error" and failure is None:
                 failure = (body[0], f"rank {rank}, unit {unit}: {body[1]}")

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..core.errors import BankStateError, InputError, MemctlError
-from ..core.placement import AUTO, placement
+from ..core.placement import AUTO, DTYPES, dtype_name, placement
 from ..model.anchor import attach
 from ..model.memory import PARTS
 from ..registry import Registry, block_id, dumps, memctl_home, now
@@ -44,7 +44,7 @@ from .loop import (
     sigint_flag,
     train_unit,
 )
-from .plan import plan_training
+from .plan import default_dtype, plan_training
 from .records import TrainedUnit, UnitResult, record_unit, run_row, write_unit
 from .units import GENERIC, UnitParams, unit_of
 
@@ -147,7 +147,7 @@ def train_out(
 ) -> OutResult:
     """Train one unit into `out` (blocks + manifest) without modifying the bank; `device` and
     `dtype` as for `train`."""
-    place = placement(device, dtype or AUTO)
+    place = placement(device, dtype or AUTO)  # a bad --dtype fails before anything is claimed
     home = home or memctl_home()
     reg = Registry.open(name, home)
     try:
@@ -157,6 +157,8 @@ def train_out(
     scratch = Registry(work, name)
     handle = None
     try:
+        if dtype is None:  # as `train` does: the dtype of a checkpoint pending here, else of the bank's last run
+            place = placement(device, default_dtype(scratch, checkpoint=not restart))
         snap = json.loads((work / "snapshot.json").read_text())
         all_units = [str(u) for u in sorted({r[0] for r in scratch.db.execute("select distinct l1 from windows")})]
         tcfg, _, _ = plan_training(scratch, overrides, None, True, False, place)
@@ -188,6 +190,7 @@ def train_out(
             "data_sha256": snap["data_sha256"],
             "bank_config": json.loads(bank["config"]),
             "train_config": dataclasses.asdict(tcfg),
+            "dtype": dtype_name(place.dtype),  # what `forget` retrains the unit in
             "blocks": blocks,
             "stats": dataclasses.asdict(tu.result),
             "finished": now(),
@@ -220,6 +223,8 @@ def _read_manifest(d: Path) -> dict[str, Any]:
     keys = {"format", "unit", "anchor_sha256", "tree_sha256", "data_sha256", "bank_config", "train_config"}
     if not isinstance(m, dict) or m.get("format") != FORMAT or not keys | {"blocks", "stats"} <= set(m):
         raise InputError(f"{path}: not a {FORMAT} manifest")
+    if m.get("dtype", "fp32") not in DTYPES:
+        raise InputError(f"{path}: unknown compute dtype {m['dtype']!r} (fp32 or bf16)")
     return m
 
 
@@ -307,7 +312,7 @@ def _merge(name: str, dirs: list[Path], home: Path) -> MergeResult:
             with reg.db.atomic():
                 for (_, m, tu), f in zip(loaded, files, strict=True):
                     record_unit(reg, tu, f)
-                    run = {"started": m.get("finished") or now(), "unit": tu.unit.name}
+                    run = {"started": m.get("finished") or now(), "unit": tu.unit.name, "dtype": m.get("dtype", "fp32")}
                     reg.db["runs"].insert({**run, "config": dumps(m["train_config"]), **run_row(tu.result)})
         finally:
             reg.sweep_orphans()  # the replaced files, or ours when the transaction failed

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..core.config import TrainConfig, train_config_from_json
 from ..core.errors import BankStateError, InputError
-from ..core.placement import CPU, Placement
+from ..core.placement import AUTO, CPU, DTYPES, Placement
 from ..registry import Registry
 from ..registry.checkpoints import drop_checkpoints, pending_checkpoints, refuse_legacy
 from .checkpoint import checkpoint_settings
@@ -38,6 +38,19 @@ def plan_training(
     tcfg = _resolve_config(reg, overrides, place)
     todo, done = units_to_train(reg, subtree, retrain)
     return tcfg, todo, done
+
+
+def default_dtype(reg: Registry, checkpoint: bool = True) -> str:
+    """`--dtype` when none is given: a pending checkpoint's dtype (unless `checkpoint` is False: `--restart`),
+    else that of the bank's last finished run (training more of a bank repeats how it was trained), else
+    auto (memctl.core.placement)."""
+    pending = pending_checkpoints(reg.checkpoint_dir()) if checkpoint else []
+    if pending:
+        _, where = checkpoint_settings(pending[0])
+        if where.split()[-1] in DTYPES:
+            return where.split()[-1]
+    row = reg.db.execute("select dtype from runs where status = 'done' order by id desc limit 1").fetchone()
+    return row[0] if row and row[0] in DTYPES else AUTO
 
 
 def _resolve_config(reg: Registry, overrides: dict[str, Any], place: Placement) -> TrainConfig:

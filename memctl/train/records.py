@@ -100,8 +100,11 @@ def finish_unit(reg: Registry, tu: TrainedUnit) -> None:
     reg.sweep_orphans()
 
 
-def start_run(reg: Registry, unit: str, tcfg: TrainConfig) -> int:
-    row = {"started": now(), "status": "running", "unit": unit, "config": dumps(dataclasses.asdict(tcfg))}
+def start_run(reg: Registry, unit: str, tcfg: TrainConfig, dtype: str) -> int:
+    """A run row for `unit`, trained with `tcfg` in compute dtype `dtype` (fp32 or bf16)."""
+    row = {
+        "started": now(), "status": "running", "unit": unit, "config": dumps(dataclasses.asdict(tcfg)), "dtype": dtype,
+    }  # fmt: skip
     return int(reg.db["runs"].insert(row).last_pk)
 
 

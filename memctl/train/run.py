@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..core.config import TrainConfig
-from ..core.placement import AUTO, Placement, placement
+from ..core.placement import AUTO, Placement, dtype_name, placement
 from ..model.anchor import attach
 from ..registry import Registry, dumps, memctl_home, now
 from ..registry.lock import bank_lock
@@ -32,7 +32,7 @@ from .loop import (
     sigint_flag,
     train_unit,
 )
-from .plan import plan_training
+from .plan import default_dtype, plan_training
 from .records import commit_unit, start_run, stop_run
 from .units import units_to_train
 
@@ -57,17 +57,24 @@ def train(
     many steps with a checkpoint, as an interruption would (used by tests). Under torchrun (WORLD_SIZE
     above 1) the units are shared out across the ranks (memctl.train.distributed); rank 0 alone writes.
     `dp` ranks train each unit together (data-parallel); WORLD_SIZE must be a multiple of it.
-    `device` and `dtype` place the anchor (memctl.core.placement; default cpu and auto: bf16 on a CPU with
-    native bf16, fp32 elsewhere; `cuda` under torchrun is each rank's own GPU).
+    `device` and `dtype` place the anchor (memctl.core.placement; default cpu, and the dtype the bank
+    was last trained in, or auto for a bank never trained: bf16 on a CPU with native bf16, fp32 elsewhere;
+    `cuda` under torchrun is each rank's own GPU).
     """
     world = World.from_env()
-    place = placement(device, dtype or AUTO, world.local_rank, world.size)
+    home = home or memctl_home()
+    place = placement(device, dtype or AUTO, world.local_rank, world.size)  # a bad --dtype fails first
+    if dtype is None:
+        reg = Registry.open(name, home)
+        try:
+            place = placement(device, default_dtype(reg, checkpoint=not restart), world.local_rank, world.size)
+        finally:
+            reg.close()
     if world.size > 1 or dp != 1:
         return train_distributed(
             world, name, overrides, subtree=subtree, retrain=retrain, restart=restart, home=home,
             progress=progress, max_steps=max_steps, dp=dp, place=place,
         )  # fmt: skip
-    home = home or memctl_home()
     asked = now()
     with bank_lock(name, home) as waited:  # one writer at a time (memctl.registry.lock)
         reg = Registry.open(name, home)
@@ -102,7 +109,7 @@ def _train_units(
         result.prepare, split_head = prepare_training(reg, anchor, tcfg, todo, progress)
         with sigint_flag() as flag:
             for i, unit in enumerate(todo):
-                run_id = start_run(reg, unit, tcfg)
+                run_id = start_run(reg, unit, tcfg, dtype_name(place.dtype))
                 tu = train_unit(reg, anchor, handle, unit, tcfg, i, len(todo), progress, flag, max_steps, split_head)
                 if tu is None:
                     stop_run(reg, run_id)
