@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.config import TrainConfig
 from ..core.errors import InputError, MemctlError
 from ..core.probes import Probe, is_correct
 from ..core.tree import subtree_of
@@ -44,7 +45,7 @@ from ..train.records import TrainedUnit, record_unit, write_unit
 from ..train.units import GENERIC, unit_of
 from .controls import check_docs, doc_blocks
 from .proof import MIN_REFERENCES, DocText, baseline, gains, judge, measure, zscores
-from .retrain import trainers, unit_config, unit_dtype
+from .retrain import last_training, trainers
 
 MODES = ("exact", "drop")
 Progress = Callable[[str, int, int], None]
@@ -322,10 +323,11 @@ def _forget(
         p_before = _probe_scores(session, forgotten_probes, retained_probes, progress)
 
         trained: list[TrainedUnit] = []
+        lasts: list[tuple[TrainConfig, str]] = []  # per retrained unit: its configuration and dtype
         if plan.mode == "exact":
             units = _units_with_data(reg, plan.units)
-            configs = [unit_config(reg, u) for u in units]  # each unit retrains as it was last trained,
-            dtypes = [unit_dtype(reg, u) for u in units]  # in the dtype it was trained in
+            lasts = [last_training(reg, u) for u in units]  # each unit retrains as it was last trained
+            configs, dtypes = [c for c, _ in lasts], [d for _, d in lasts]
             with trainers(session, dtypes) as anchors:
                 objective = configs[0].objective if configs else "lm"
                 pool = max((c.preserve_pool for c in configs if c.preserve > 0), default=0)
@@ -347,13 +349,12 @@ def _forget(
             files = [write_unit(reg, tu) for tu in trained]
             with reg.db.atomic():
                 _remove(reg, ids)
-                for tu, f in zip(trained, files, strict=True):
+                for tu, f, (tcfg, dt) in zip(trained, files, lasts, strict=True):
                     record_unit(reg, tu, f)
                     reg.db["runs"].insert(
                         {
                             "started": now(), "finished": now(), "status": "done", "unit": tu.result.unit,
-                            "config": dumps(dataclasses.asdict(unit_config(reg, tu.result.unit))),
-                            "dtype": unit_dtype(reg, tu.result.unit),
+                            "config": dumps(dataclasses.asdict(tcfg)), "dtype": dt,
                             "steps": tu.result.steps, "tokens": tu.result.tokens,
                             "loss_first": tu.result.loss_first, "loss_last": tu.result.loss_last,
                             "seconds": tu.result.seconds,

@@ -17,20 +17,15 @@ from ..serve.session import BankSession
 from ..train.loop import load_bank_anchor
 
 
-def unit_config(reg: Registry, unit: str) -> TrainConfig:
-    """The configuration the unit was last trained with (exact retraining repeats it)."""
+def last_training(reg: Registry, unit: str) -> tuple[TrainConfig, str]:
+    """The configuration and compute dtype the unit was last trained with (exact retraining repeats
+    both; memctl's defaults in fp32 for a unit never trained)."""
     row = reg.db.execute(
-        "select config from runs where unit = ? and status = 'done' order by id desc limit 1", [unit]
+        "select config, dtype from runs where unit = ? and status = 'done' order by id desc limit 1", [unit]
     ).fetchone()
-    return train_config_from_json(row[0]) if row else TrainConfig()
-
-
-def unit_dtype(reg: Registry, unit: str) -> str:
-    """The compute dtype the unit was last trained in (exact retraining repeats it; fp32 if never trained)."""
-    row = reg.db.execute(
-        "select dtype from runs where unit = ? and status = 'done' order by id desc limit 1", [unit]
-    ).fetchone()
-    return row[0] if row and row[0] in DTYPES else "fp32"
+    if not row:
+        return TrainConfig(), "fp32"
+    return train_config_from_json(row[0]), row[1] if row[1] in DTYPES else "fp32"
 
 
 @contextmanager

@@ -46,9 +46,9 @@ def default_dtype(reg: Registry, checkpoint: bool = True) -> str:
     auto (memctl.core.placement)."""
     pending = pending_checkpoints(reg.checkpoint_dir()) if checkpoint else []
     if pending:
-        _, where = checkpoint_settings(pending[0])
-        if where.split()[-1] in DTYPES:
-            return where.split()[-1]
+        kind = checkpoint_settings(pending[0])[1].split()[-1]  # Placement.kind: "cpu bf16"
+        if kind in DTYPES:
+            return kind
     row = reg.db.execute("select dtype from runs where status = 'done' order by id desc limit 1").fetchone()
     return row[0] if row and row[0] in DTYPES else AUTO
 
