@@ -62,6 +62,7 @@ VARIANTS: dict[str, list[str]] = {
     "questions4": ["--study", "0", "--questions", "4"],
     "study4q4": ["--study", "4", "--questions", "4"],
     "epochs24": ["--study", "0", "--epochs", "24", "--patience", "6"],
+    "retire2": ["--study", "2", "--retire", "2"],  # learned prompts sit 2 epochs out (memctl.train.retire)
 }
 # corpus -> (build script, documents file, main probes, question-form probes)
 CORPORA: dict[str, tuple[str, str, str, str]] = {

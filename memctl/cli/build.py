@@ -183,6 +183,14 @@ def train(
             "tokens of two (default 0: all of them every epoch).",
         ),
     ] = None,
+    retire: Annotated[
+        int | None,
+        typer.Option(
+            help="Retire learned prompts: a prompt or continuation whose every target token the memories "
+            "already predict as the teacher does sits out this many epochs, then trains once more (preservation "
+            "shrinks with it; default 0: every one trains every epoch).",
+        ),
+    ] = None,
     match_hidden: Annotated[
         float | None,
         typer.Option(
@@ -265,6 +273,7 @@ def train(
         "questions": questions,
         "study": study,
         "study_per_epoch": study_per_epoch,
+        "retire": retire,
         "match_hidden": match_hidden,
         "ground_study": ground_study,
         "anchor_mix": anchor_mix,

@@ -109,6 +109,9 @@ class TrainConfig:
     # self-study continuations per window trained in each epoch, the window's continuations taking turns
     # (memctl.train.batches.in_epoch): more of them, as varied, for the same training tokens; 0: all, every epoch
     study_per_epoch: int = 0
+    # epochs a distillation sample sits out once the student's most likely token is the teacher's at all its
+    # targets (memctl.train.retire); 0: every sample trains every epoch
+    retire: int = 0
     # weight of deep context distillation (Knowledge Modules, Caccia et al. 2025): on self-study continuations the
     # student also matches the open-book teacher's hidden states at a few memory layers; 0: off (logits only)
     match_hidden: float = 0.0
@@ -144,6 +147,8 @@ class TrainConfig:
             raise InputError(f"--study must be between 0 and {MAX_STUDY}, got {self.study}")
         if not 0 <= self.study_per_epoch <= MAX_STUDY:
             raise InputError(f"--study-per-epoch must be between 0 and {MAX_STUDY}, got {self.study_per_epoch}")
+        if not 0 <= self.retire <= MAX_EPOCHS:
+            raise InputError(f"--retire must be between 0 and {MAX_EPOCHS:,}, got {self.retire}")
         if not 0 <= self.match_hidden <= MAX_MATCH_HIDDEN:  # NaN fails too
             raise InputError(f"--match-hidden must be between 0 and {MAX_MATCH_HIDDEN:g}, got {self.match_hidden}")
         if self.match_hidden > 0 and self.study == 0:
@@ -198,6 +203,7 @@ def train_config_from_json(text: str) -> TrainConfig:
     d.setdefault("questions", 0)
     d.setdefault("study", 0)
     d.setdefault("study_per_epoch", 0)
+    d.setdefault("retire", 0)
     d.setdefault("match_hidden", 0.0)
     d.setdefault("ground_study", False)
     d.setdefault("anchor_mix", 0.0)

@@ -87,6 +87,7 @@ def kd_loss(
     tail: bool = False,
     anchor_logits: torch.Tensor | None = None,
     mix: float = 0.0,
+    agree: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Cross-entropy of the student against the teacher's top-k (= KL up to the teacher's entropy).
     positions (N, 2) = (row, t); topk_* (N, k), the teacher's true log-probabilities.
@@ -96,10 +97,18 @@ def kd_loss(
     on both sides: the student matches the teacher's whole distribution, its spread included
     (preservation: renormalising there would make every token outside the top-k less likely).
     With `mix` > 0 the student is (1 - mix) p(memories) + mix p(anchor), `anchor_logits` (N, V) at the
-    same positions without memories (memctl.model.mix)."""
+    same positions without memories (memctl.model.mix). With `agree`, appends a (B,) bool: whether the
+    student's most likely token is the teacher's at every target position of the row (memctl.train.retire)."""
     logits = logits_at(model, ids, mask, positions[:, 0], positions[:, 1], states, start, split_head)  # (N, V)
     topk_idx, topk_logp = topk_idx.to(logits.device), topk_logp.to(logits.device)
-    logp_s = student_logp(logits, anchor_logits, mix).gather(1, topk_idx)  # (N, k)
+    logp_all = student_logp(logits, anchor_logits, mix)  # (N, V)
+    logp_s = logp_all.gather(1, topk_idx)  # (N, k)
+    if agree is not None:
+        with torch.no_grad():
+            top_t = topk_idx.gather(1, topk_logp.argmax(-1, keepdim=True)).squeeze(1)
+            miss = (logp_all.argmax(-1) != top_t).float()
+            rows = positions[:, 0].to(miss.device)
+            agree.append(torch.zeros(ids.shape[0], device=miss.device).index_add_(0, rows, miss).cpu() == 0)
     if not tail:
         p_t = F.softmax(topk_logp, -1)
         return -(p_t * logp_s).sum(-1).mean()
@@ -229,7 +238,7 @@ def preserve_samples(
     tokens = epoch_tokens(samples, per_epoch)
     length = len(pool[0]["ids"]) // 4
     n = max(1, math.ceil(share * tokens / length))
-    rng = np.random.default_rng(_unit_seed(seed, unit) + [7])
+    rng = np.random.default_rng(unit_seed(seed, unit) + [7])
     picks = rng.choice(len(pool), size=n, replace=n > len(pool))
     paths = sorted({s.path for s in samples})
     out = []
@@ -265,13 +274,13 @@ def load_samples(
     return windows + prompt_samples(reg, unit, questions, study, hidden)
 
 
-def _unit_seed(seed: int, unit: str) -> list[int]:
+def unit_seed(seed: int, unit: str) -> list[int]:
     return [seed, 1_000_000 if unit == GENERIC else int(unit)]
 
 
 def epoch_batches(samples: list[Sample], unit: str, k: int, tcfg: TrainConfig, epoch: int) -> list[list[int]]:
     """Seeded order of one epoch. The generic memory sees each window with probability 1/(k+1)."""
-    rng = np.random.default_rng(_unit_seed(tcfg.seed, unit) + [epoch])
+    rng = np.random.default_rng(unit_seed(tcfg.seed, unit) + [epoch])
     order = rng.permutation(len(samples))
     if tcfg.study_per_epoch > 0:
         order = order[[in_epoch(samples[i], tcfg.study_per_epoch, epoch) for i in order.tolist()]]
@@ -370,11 +379,12 @@ def batch_loss(
     hidden_weight: float = 0.0,
     mix: float = 0.0,
     anchor_alone: Callable[[], AbstractContextManager[Any]] | None = None,
+    agree: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The batch's loss: next-token for windows, distillation for prompts; plus, with `hidden_weight`,
     that weight times `hidden_loss` on the samples that carry the teacher's hidden states. With `mix`,
     the student is the mixture with the anchor, whose logits come from a pass under `anchor_alone()`
-    (a context in which the model fetches no memory)."""
+    (a context in which the model fetches no memory). `agree` as in `kd_loss` (prompt batches only)."""
 
     def anchor_at(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor | None:
         if mix <= 0 or anchor_alone is None:
@@ -389,7 +399,9 @@ def batch_loss(
     anchor_logits = anchor_at(pos[:, 0], pos[:, 1])
     deep = hidden_weight > 0 and bool(hidden_layers) and any(s.hidden is not None for s in batch)
     with layer_outputs(model, hidden_layers if deep else ()) as outs:
-        loss = kd_loss(model, ids, mask, pos, idx, logp, states, start, split_head, batch[0].keep, anchor_logits, mix)
+        loss = kd_loss(
+            model, ids, mask, pos, idx, logp, states, start, split_head, batch[0].keep, anchor_logits, mix, agree
+        )
     if deep:
         loss = loss + hidden_weight * hidden_loss(batch, [outs[i] for i in hidden_layers])
     return loss

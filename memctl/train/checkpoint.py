@@ -9,7 +9,7 @@ memctl versions (`unit-NAME.pt`) were pickles: they are never loaded, only delet
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,9 @@ from ..core.errors import BankStateError
 from ..registry.private import write_private
 from .optim import BlockAdamW
 from .packing import PackError, pack, read_data, unpack
+from .retire import Retired
+from .retire import decode as decode_retired
+from .retire import encode as encode_retired
 
 FORMAT = "memctl-checkpoint/1"
 OPT_PARTS = ("m", "v", "steps")
@@ -47,6 +50,7 @@ class TrainState:
     config: str  # TrainConfig as JSON
     placement: str  # Placement.kind
     restarts: int = 0  # times the unit started over after its loss diverged (memctl.train.diverge)
+    retired: Retired = field(default_factory=dict)  # samples sitting epochs out (memctl.train.retire)
 
     def restore(self, params: list[torch.Tensor], opt: BlockAdamW, path: Path) -> None:
         """Copy the saved parameters and optimizer state in place; refused unless every shape fits."""
@@ -80,6 +84,7 @@ def encode(state: TrainState) -> bytes:
         "config": state.config,
         "placement": state.placement,
         "restarts": state.restarts,
+        "retired": encode_retired(state.retired),
     }
     return pack(tensors, data)
 
@@ -111,6 +116,7 @@ def decode(buf: bytes, path: Path, unit: str | None = None) -> TrainState:
             config=str(data["config"]),
             placement=str(data["placement"]),
             restarts=int(data.get("restarts", 0)),  # none in checkpoints written before restarts existed
+            retired=decode_retired(data.get("retired", [])),  # nor before retiring
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise damaged(path, f"malformed, {type(e).__name__}: {e}") from None

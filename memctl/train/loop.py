@@ -33,6 +33,7 @@ from .batches import (
     load_samples,
     loss_positions,
     preserve_samples,
+    unit_seed,
 )
 from .checkpoint import TrainState, read_checkpoint, save_checkpoint
 from .checkpoint import decode as decode_checkpoint
@@ -42,6 +43,7 @@ from .diverge import MAX_RESTARTS, diverged, epoch_means, kind_counts
 from .optim import BlockAdamW, clip_grad_norm, lr_at
 from .preserve import own_window_samples, prepare_pool
 from .records import TrainedUnit, UnitResult
+from .retire import Retired, epoch_plan, retire
 from .stopping import should_stop
 from .study import hidden_layers
 from .units import UnitParams, unit_of
@@ -156,7 +158,17 @@ def train_unit(
             smp.states = prefix_cache.get(smp.key)
     epochs = [epoch_batches(samples, name, cfg.tree.k, tcfg, e) for e in range(tcfg.epochs)]
     total = sum(len(e) for e in epochs)
-    counts = kind_counts([[samples[b[0]].kind for b in bs] for bs in epochs])  # for memctl.train.diverge
+    retired: Retired = {}  # samples sitting epochs out (memctl.train.retire)
+    plans: dict[int, list[list[int]]] = {}  # the batches each epoch trains, made as it starts
+
+    def plan(e: int) -> list[list[int]]:
+        if e not in plans:
+            plans[e] = epoch_plan(samples, epochs[e], retired, e, unit_seed(tcfg.seed, name))
+        return plans[e]
+
+    def counts(upto: int) -> list[dict[str, int]]:  # batches of each kind per epoch, for memctl.train.diverge
+        return kind_counts([[samples[b[0]].kind for b in plan(e) if b] for e in range(upto + 1)])
+
     restarts = 0
     opt = _optimizer(params, tcfg)
     heldout = heldout_prompts(reg, name, exclude=exclude)
@@ -182,6 +194,7 @@ def train_unit(
         state.restore(params.flat(), opt, ckpt)
         step, tokens, losses, seconds = state.step, state.tokens, state.losses, state.seconds
         seen, scores, held_losses, restarts = state.seen, state.scores, state.heldout_loss, state.restarts
+        retired = state.retired
     resumed_from = step
     deep = (hidden_layers(cfg.memory.layers), tcfg.match_hidden)  # deep context distillation (study)
     pad = anchor.tokenizer.pad_token_id
@@ -202,36 +215,51 @@ def train_unit(
             config=dumps(dataclasses.asdict(tcfg)),
             placement=Placement(anchor.device, anchor.dtype).kind,
             restarts=restarts,
+            retired=retired,
         )
         save_checkpoint(ckpt, state)
 
-    flat_batches = [(e, b) for e, bs in enumerate(epochs) for b in bs]
+    flat_batches = [(e, j) for e, bs in enumerate(epochs) for j in range(len(bs))]
     stopped_early = False
+    last_loss = float("nan")
     while step < total:
-        epoch, batch_idx = flat_batches[step]
+        epoch, j = flat_batches[step]
+        batch_idx = plan(epoch)[j]
         batch = [samples[i] for i in batch_idx]
-        local = unit.local_index([s.path for s in batch])
-        touched = params.touched(local)
-        opt.lr = lr_at(step, total, tcfg.lr * 0.5**restarts, tcfg.warmup, tcfg.min_lr_ratio)
-        mine = batch if dp is None else [samples[i] for i in dp.shard(batch_idx)]
-        loss_value = 0.0
-        if mine:
-            loss = _loss(anchor, handle, unit, params, mine, pad, start, split_head, deep, tcfg.anchor_mix)
-            if dp is not None:  # this rank's share of the batch's mean: the group's sum is the mean
-                loss = loss * (loss_positions(mine) / loss_positions(batch))
-            loss.backward()
-            loss_value = float(loss.detach())
-        stop_now = flag["stop"]
-        if dp is not None:
-            loss_value, stops = dp.reduce(params.flat(), touched, [loss_value, float(stop_now)])
-            stop_now = stops > 0
-            flag["stop"] = flag["stop"] or stop_now  # one rank's Ctrl-C stops its whole group
-        clip_grad_norm(params.flat(), tcfg.grad_clip)
-        opt.step(touched)
-        opt.zero_grad()
+        if batch:  # else every sample of this scheduled batch sits the epoch out (memctl.train.retire)
+            touched = params.touched(unit.local_index([s.path for s in batch]))
+            opt.lr = lr_at(step, total, tcfg.lr * 0.5**restarts, tcfg.warmup, tcfg.min_lr_ratio)
+            rows = list(range(len(batch))) if dp is None else dp.shard(list(range(len(batch))))
+            mine = [batch[r] for r in rows]
+            check = tcfg.retire > 0 and batch[0].kind == "kd"
+            agree: list[torch.Tensor] | None = [] if check and mine else None
+            loss_value, agreed = 0.0, [0.0] * (len(batch) if check else 0)
+            if mine:
+                loss = _loss(anchor, handle, unit, params, mine, pad, start, split_head, deep, tcfg.anchor_mix, agree)
+                if dp is not None:  # this rank's share of the batch's mean: the group's sum is the mean
+                    loss = loss * (loss_positions(mine) / loss_positions(batch))
+                loss.backward()
+                loss_value = float(loss.detach())
+            if agree:
+                for r, ok in zip(rows, agree[0].tolist(), strict=True):
+                    agreed[r] = float(ok)
+            stop_now = flag["stop"]
+            if dp is not None:  # each rank's share of the agreements: the group's sum is all of them
+                numbers = dp.reduce(params.flat(), touched, [loss_value, float(stop_now), *agreed])
+                loss_value, stop_now, agreed = numbers[0], numbers[1] > 0, numbers[2:]
+                flag["stop"] = flag["stop"] or stop_now  # one rank's Ctrl-C stops its whole group
+            clip_grad_norm(params.flat(), tcfg.grad_clip)
+            opt.step(touched)
+            opt.zero_grad()
+            tokens += sum(len(s.ids) for s in batch)
+            losses.setdefault(batch[0].kind, []).append(loss_value)
+            last_loss = loss_value
+            for i, ok in zip(batch_idx, agreed, strict=False):
+                if ok > 0.5:
+                    retire(retired, i, epoch, tcfg.retire)
+        else:
+            stop_now = flag["stop"]
         step += 1
-        tokens += sum(len(s.ids) for s in batch)
-        losses.setdefault(batch[0].kind, []).append(loss_value)
         for smp in batch:
             if smp.keep and not smp.doc_id:  # the anchor's own text: no document shaped the block through it
                 continue
@@ -255,7 +283,7 @@ def train_unit(
             stopped_early = step < total and should_stop(
                 scores, held_losses, len(heldout.prompts), tcfg.epochs, tcfg.patience
             )
-        restart = diverged(losses, counts, epoch) if epoch_done and restarts < MAX_RESTARTS else None
+        restart = diverged(losses, counts(epoch), epoch) if epoch_done and restarts < MAX_RESTARTS else None
         if progress:
             el = time.perf_counter() - t_start
             progress(
@@ -266,11 +294,11 @@ def train_unit(
                     step,
                     total,
                     epoch,
-                    losses[batch[0].kind][-1],
+                    last_loss,
                     tokens,
                     tokens / max(el, 1e-9),
                     scores[-1] if scores else None,
-                    epoch_means(losses, counts, epoch) if epoch_done else None,
+                    epoch_means(losses, counts(epoch), epoch) if epoch_done else None,
                     restart,
                 )
             )
@@ -281,6 +309,8 @@ def train_unit(
             params = UnitParams(cfg, unit, anchor.device)
             opt = _optimizer(params, tcfg)
             step, losses, seen, scores, held_losses, stopped_early = 0, {}, {}, [], [], False
+            retired = {}
+            plans.clear()
             continue
         stopping = stop_now or (max_steps is not None and step >= max_steps)
         if checkpoints and lead and (step % tcfg.checkpoint_every == 0 or stopping) and not stopped_early:
@@ -314,9 +344,11 @@ def _loss(
     split_head: bool,
     deep: tuple[tuple[int, ...], float] = ((), 0.0),
     mix: float = 0.0,
+    agree: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The batch's mean loss with each sample's own blocks fetched (from the cached prefix states
-    when memories start past layer 0); `deep` = (layers, weight) of the hidden-state term."""
+    when memories start past layer 0); `deep` = (layers, weight) of the hidden-state term; `agree` as
+    in `memctl.train.batches.kd_loss`."""
     ids, mask, labels = collate(batch, pad)
     states = None
     if start > 0 and batch[0].states is not None:
@@ -326,7 +358,18 @@ def _loss(
             states[i, : len(smp.ids)] = smp.states
     with handle.using(params.fetched(unit.local_index([s.path for s in batch]))):
         return batch_loss(
-            anchor.model, batch, ids, mask, labels, states, start, split_head, *deep, mix, lambda: handle.using(None)
+            anchor.model,
+            batch,
+            ids,
+            mask,
+            labels,
+            states,
+            start,
+            split_head,
+            *deep,
+            mix,
+            lambda: handle.using(None),
+            agree=agree,
         )
 
 
