@@ -20,7 +20,9 @@ def _kd(n: int) -> Sample:
 
 
 def _keep(i: int) -> Sample:
-    return Sample(f"k{i}", "", list(range(8)), (0, 0), None, 1, torch.zeros(8, 2, dtype=torch.long), torch.zeros(8, 2), keep=True)
+    return Sample(
+        f"k{i}", "", list(range(8)), (0, 0), None, 1, torch.zeros(8, 2, dtype=torch.long), torch.zeros(8, 2), keep=True
+    )
 
 
 def test_a_learned_sample_sits_out_its_epochs_then_trains_again() -> None:
