@@ -358,4 +358,5 @@ def epoch_line(ev: TrainEvent) -> str:
     means = ", ".join(f"{KIND_NAMES.get(k, k)} {v:.3f}" for k, v in sorted((ev.epoch_losses or {}).items()))
     held = f", held-out {100 * ev.heldout:.0f}%" if ev.heldout is not None else ""
     again = f"; {ev.restart}: starting over at half the learning rate" if ev.restart else ""
-    return f"epoch {ev.epoch + 1} done: mean loss {means}{held}{again}"
+    out = f", {ev.sitting:,} learned prompts sit the next epoch out" if ev.sitting else ""
+    return f"epoch {ev.epoch + 1} done: mean loss {means}{held}{out}{again}"

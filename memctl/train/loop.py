@@ -43,7 +43,7 @@ from .diverge import MAX_RESTARTS, diverged, epoch_means, kind_counts
 from .optim import BlockAdamW, clip_grad_norm, lr_at
 from .preserve import own_window_samples, prepare_pool
 from .records import TrainedUnit, UnitResult
-from .retire import Retired, epoch_plan, retire
+from .retire import Retired, epoch_plan, retire, sits_out
 from .stopping import should_stop
 from .study import hidden_layers
 from .units import UnitParams, unit_of
@@ -65,6 +65,7 @@ class TrainEvent:
     # and why the unit now starts over at half the learning rate (its loss diverged or drifted), if it does
     epoch_losses: dict[str, float] | None = None
     restart: str | None = None
+    sitting: int | None = None  # at the end of an epoch under `train --retire`: samples sitting the next one out
 
 
 @dataclass
@@ -300,6 +301,7 @@ def train_unit(
                     scores[-1] if scores else None,
                     epoch_means(losses, counts(epoch), epoch) if epoch_done else None,
                     restart,
+                    sum(sits_out(retired, i, epoch + 1) for i in retired) if epoch_done and tcfg.retire else None,
                 )
             )
         if restart:
