@@ -100,7 +100,13 @@ def run(env: dict[str, str], args: list[str], log: Path) -> str:
 
 
 def memctl(env: dict[str, str], log: Path, *args: str) -> str:
-    return run(env, [sys.executable, "-m", "memctl", *args], log)
+    """A memctl command, run by the memctl this script imports (a worktree's, under PYTHONPATH): `-m` alone
+    would put the working directory first on the path, and run the memctl found there."""
+    import memctl as package
+
+    here = str(Path(package.__file__).resolve().parents[1])
+    env = dict(env, PYTHONPATH=os.pathsep.join([here, *filter(None, [env.get("PYTHONPATH")])]))
+    return run(env, [sys.executable, "-P", "-m", "memctl", *args], log)
 
 
 def subtree_probes(home: Path, bank: str, subtree: int, probes: Path, dest: Path) -> Path:
@@ -151,6 +157,11 @@ def prepare_base(
     if done.is_file():
         return json.loads(done.read_text())
     shutil.rmtree(base, ignore_errors=True)
+    # the anchor's converted weights and the preservation pool depend on the anchor alone: hard links to a
+    # sibling home's save converting and sampling them again (about 17 minutes on a 2-core CPU)
+    donors = sorted(p / "anchors" for p in base.parent.glob("*") if p != base and (p / "anchors").is_dir())
+    if donors:
+        shutil.copytree(donors[0], base / "anchors", copy_function=os.link)
     env = dict(os.environ, MEMCTL_HOME=str(base))
     t0 = time.perf_counter()
     memctl(env, log, "ingest", str(data / CORPORA[corpus][1]), "--id-field", "id", "--bank", corpus,

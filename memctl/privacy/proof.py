@@ -32,6 +32,7 @@ from ..core.errors import BankStateError
 from ..eval.perplexity import TextLoss, answer_losses, combine, summary, text_losses
 from ..serve.session import BankSession
 from ..train.prompts import prompts_for
+from ..train.sections import openings
 
 Progress = Callable[[str, int, int], None]
 Z_SEEN = 3.0  # a gain this many reference standard deviations above the reference mean looks seen
@@ -61,7 +62,13 @@ def measure(
     for (doc, _w), loss in zip(flat, text_losses(session, [w for _d, w in flat], mode, stage=stage,
                                                  progress=progress), strict=True):  # fmt: skip
         per_text[doc].append(loss)
-    pairs = [(doc, p.text, p.answer) for doc, d in docs.items() for w in d.windows for p in prompts_for(w, d.title)]
+    pairs = [
+        (doc, p.text, p.answer)
+        for doc, d in docs.items()
+        for starts in [openings(d.windows, d.title)]
+        for i, w in enumerate(d.windows)
+        for p in prompts_for(w, d.title, sections=starts is not None, start=starts[i] if starts else "")
+    ]
     per_fact: dict[str, list[TextLoss]] = {d: [] for d in docs}
     losses = answer_losses(session, [(p, a) for _d, p, a in pairs], mode, stage=stage, progress=progress)
     for (doc, _p, _a), loss in zip(pairs, losses, strict=True):

@@ -36,7 +36,8 @@ from .coverage import bank_coverage
 from .kinds import QUESTION
 from .prompts import RULES, joins_without_space, prompts_for
 from .questions import ANSWER_TOKENS, answer_questions, chat_prompt, write_questions
-from .study import add_study
+from .reprompt import settle
+from .study import add_study, window_openings
 
 TOPK = 16
 HELD_OUT_EVERY = 10  # one prompt in ten is held out for scoring
@@ -64,6 +65,7 @@ def _held_out(window_id: int, text: str) -> int:
 
 def generate_prompts(reg: Registry, progress: Progress | None = None) -> int:
     """Prompts for every window that has none yet, routed by their own embedding. Returns how many."""
+    settle(reg)  # windows of older rules whose prompts these rules write the same: recorded as current
     rows = list(
         reg.db.query(
             "select w.id, w.doc_id, w.text, d.title from windows w join documents d on d.id = w.doc_id "
@@ -72,9 +74,11 @@ def generate_prompts(reg: Registry, progress: Progress | None = None) -> int:
     )
     if not rows:
         return 0
+    starts = window_openings(reg, {r["doc_id"] for r in rows})
     made: list[dict[str, Any]] = []
     for r in rows:
-        for p in prompts_for(r["text"], r["title"] or ""):
+        start = starts[int(r["id"])]
+        for p in prompts_for(r["text"], r["title"] or "", sections=start is not None, start=start or ""):
             made.append(
                 {
                     "window_id": r["id"],

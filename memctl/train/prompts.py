@@ -1,6 +1,7 @@
 """Prompts about a window, generated from the window itself (pure text; no labels, no models).
 
-* cloze: a statement of the window cut just before a salient span, with the statement's subject
+* cloze: a statement of the window cut just before a salient span, with the statement's subject (the
+  document's title, or in a document of sections its section's name: memctl.train.sections)
   made explicit (a leading pronoun or a bare participle gets the subject, a question's first pronoun
   is replaced by it, a statement that never names it is prefixed "<S>: "); the span is the answer,
   unless it is the subject itself or part of a short subject's name. Salient spans, meant for any style of text:
@@ -23,12 +24,16 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from .sections import passages
 
 # The version of these rules. Bump it when a change makes them write other prompts for some text: each window
 # records the version that wrote its prompts, and `memctl reprompt` rewrites those of older versions.
 #   1: 2026-11-26 (1c6a850): one-word names, acronyms, quoted terms, slashed dates (0: any rules before)
-RULES = 1
+#   2: 2026-11-28: in a document of sections, a prompt names its section's subject (memctl.train.sections)
+RULES = 2
 
 # a sentence ends at . ! ? after a lowercase letter, a digit or a closing mark, so initials ("Jane Q. Example",
 # "Sir H. Davy") do not end one
@@ -266,9 +271,12 @@ def joins_without_space(prompt: str) -> bool:
     return prompt.endswith(("-", "\u2013", "(", "/", "\u201c")) or re.search(r"(?:^|\s)\"$", prompt) is not None
 
 
-def prompts_for(text: str, subject: str, max_per_window: int = 48) -> list[Prompt]:
-    """Cloze prompts and their paraphrases for every salient span of every sentence of `text`."""
-    subject = subject.strip()
+def prompts_for(
+    text: str, title: str, max_per_window: int = 48, sections: bool | None = None, start: str = ""
+) -> list[Prompt]:
+    """Cloze prompts and their paraphrases for every salient span of every sentence of `text`, each naming
+    the subject of its passage: the document's title, or in a document of sections the name its section
+    opens on (memctl.train.sections; `sections` and `start` as in its `passages`)."""
     out: list[Prompt] = []
     answers: dict[str, set[str]] = {}
 
@@ -279,6 +287,14 @@ def prompts_for(text: str, subject: str, max_per_window: int = 48) -> list[Promp
                 out.append(Prompt(kind, prompt, answer))
             answers.setdefault(prompt, set()).add(answer)
 
+    for part, subject in passages(text, title.strip(), sections, start):
+        _add_sentences(part, subject.strip(), add)
+    # a prompt the window answers in two ways (e.g. two discovery years) teaches nothing: drop it
+    return [p for p in out if len(answers[p.text]) == 1][:max_per_window]
+
+
+def _add_sentences(text: str, subject: str, add: Callable[..., None]) -> None:
+    """Every prompt of `text`'s sentences, about `subject`, through `add(kind, prompt, answer[, min_words])`."""
     for sent in sentences(text):
         field = _fields(sent)
         value_at = -1
@@ -310,5 +326,3 @@ def prompts_for(text: str, subject: str, max_per_window: int = 48) -> list[Promp
             agentless = re.sub(r"\s+by\s+[^,;()]+?(?=\s+(in|on|at|from|during)$)", "", cloze)
             if agentless != cloze:
                 add("paraphrase", agentless, answer)
-    # a prompt the window answers in two ways (e.g. two discovery years) teaches nothing: drop it
-    return [p for p in out if len(answers[p.text]) == 1][:max_per_window]

@@ -4,8 +4,9 @@ Each window records the version of the cloze rules (memctl.train.prompts.RULES) 
 After an upgrade of memctl changes the rules, a bank keeps training on the prompts it has; `reprompt`
 deletes the rule-written prompts (cloze and paraphrase, with their teacher cache) of the windows written
 by older rules, so that the next `memctl train` writes them again, and marks every trained block stale,
-since new prompts are routed anew and any unit may receive one. Self-study continuations and
-anchor-written questions do not come from the rules and are kept. No model is loaded here.
+since new prompts are routed anew and any unit may receive one. A window whose prompts the current rules
+would write the same (SAME_SINCE) is not outdated: it is recorded as current (`settle`). Self-study
+continuations and anchor-written questions do not come from the rules and are kept. No model is loaded here.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..registry.checkpoints import drop_checkpoints, pending_checkpoints
 from ..registry.lock import bank_lock
 from .kinds import RULE_KINDS
 from .prompts import RULES
+from .sections import sectioned
 
 
 @dataclass
@@ -39,13 +41,56 @@ class RepromptReport:
     checkpoints_dropped: int = 0
 
 
+# v2 changed the prompts of documents of sections only (memctl.train.sections): a window that v1 wrote, of any
+# other document, has the prompts v2 would write
+SAME_SINCE = {1: 2}
+
+
+def _same_windows(reg: Registry) -> list[int]:
+    """Windows written by older rules whose prompts the current rules would write the same (SAME_SINCE)."""
+    out: list[int] = []
+    for version, upto in SAME_SINCE.items():
+        if upto != RULES:
+            continue
+        rows = list(
+            reg.db.query(
+                "select w.id, w.doc_id, w.text, w.prompt_rules, d.title from windows w join documents d "
+                "on d.id = w.doc_id where w.doc_id in (select doc_id from windows where prompted = 1 and "
+                "prompt_rules = ?) order by w.id",
+                [version],
+            )
+        )
+        docs: dict[str, list[dict]] = {}
+        for r in rows:
+            docs.setdefault(r["doc_id"], []).append(r)
+        for wins in docs.values():
+            if not sectioned([w["text"] for w in wins], wins[0]["title"] or ""):
+                out += [int(w["id"]) for w in wins if w["prompt_rules"] == version]
+    return out
+
+
+def settle(reg: Registry) -> int:
+    """Record the current rules on the windows whose prompts they would write the same (no prompt changes,
+    nothing to retrain). Returns how many. The caller holds the bank lock."""
+    same = _same_windows(reg)
+    with reg.db.atomic():
+        for i in range(0, len(same), 500):
+            part = same[i : i + 500]
+            reg.db.execute(
+                f"update windows set prompt_rules = ? where id in ({','.join('?' * len(part))})", [RULES, *part]
+            )
+    return len(same)
+
+
 def rules_state(reg: Registry) -> RulesState:
-    row = reg.db.execute(
-        "select count(*), coalesce(sum(prompt_rules < ?), 0), min(case when prompt_rules < ? then prompt_rules end) "
-        "from windows where prompted = 1",
-        [RULES, RULES],
-    ).fetchone()
-    return RulesState(RULES, int(row[0]), int(row[1]), None if row[2] is None else int(row[2]))
+    same = set(_same_windows(reg))
+    old = [
+        (int(r["id"]), int(r["prompt_rules"]))
+        for r in reg.db.query("select id, prompt_rules from windows where prompted = 1 and prompt_rules < ?", [RULES])
+    ]
+    outdated = [v for i, v in old if i not in same]
+    n = reg.db.execute("select count(*) from windows where prompted = 1").fetchone()[0]
+    return RulesState(RULES, int(n), len(outdated), min(outdated) if outdated else None)
 
 
 def outdated_note(reg: Registry) -> str | None:
@@ -63,6 +108,7 @@ def reprompt(reg: Registry, all_windows: bool = False) -> RepromptReport:
     """Delete the rule-written prompts of the windows written by older rules (every window with
     `all_windows`), mark them to be prompted again and every trained block stale, in one transaction;
     then drop interrupted checkpoints, which trained on the old prompts. The caller holds the bank lock."""
+    settle(reg)
     where = "prompted = 1" + ("" if all_windows else f" and prompt_rules < {int(RULES)}")
     kinds = ", ".join(f"'{k}'" for k in RULE_KINDS)
     with reg.db.atomic():

@@ -1,13 +1,14 @@
 """Self-study: the open-book teacher writes the training text itself (Cartridges' recipe, routed).
 
 No rule about the corpus's style: for every window, a few seed questions name its subject (the
-document's title, or the window's opening words) in forms that suit any text ("What are the key
-facts about {S}?", "Tell me about {S}.", ...). The teacher, the frozen anchor with the window in
-its context, samples continuations of each seed with temperature; at every sampled token its own
-top-k next-token distribution is kept. The student, the anchor with the memories of the seed's own route and no
-window, later matches those distributions on every token of the continuation (memctl.train.distill's
-`kd_loss`). Continuations are stored as prompts of kind `study` with their window and document,
-so `forget` removes them with the document.
+document's title, or the window's opening words; in a document of sections, such as a register or
+minutes, the name each section of the window opens on: memctl.train.sections) in forms that suit
+any text ("What are the key facts about {S}?", "Tell me about {S}.", ...). The teacher, the frozen
+anchor with the window in its context, samples continuations of each seed with temperature; at every
+sampled token its own top-k next-token distribution is kept. The student, the anchor with the memories
+of the seed's own route and no window, later matches those distributions on every token of the
+continuation (memctl.train.distill's `kd_loss`). Continuations are stored as prompts of kind `study`
+with their window and document, so `forget` removes them with the document.
 
 The teacher reads the window and a seed question in one user turn of its chat template, the way a
 user would ask it open book; the student reads the question alone. The window's KV cache is
@@ -35,6 +36,7 @@ from ..model.prefix import layer_outputs, on_model
 from ..registry import Registry
 from .grounding import MIN_TOKENS, grounded_tokens
 from .kinds import STUDY
+from .sections import openings, subjects
 
 TOPK = 16  # as memctl.train.distill.TOPK: the student's loss reads the same shape
 STUDY_TOKENS = 40  # tokens sampled per continuation
@@ -43,6 +45,7 @@ STUDY_TOKENS = 40  # tokens sampled per continuation
 TEMPERATURE = 0.3
 END_OF_TURN = "<|im_end|>"
 MAX_SUBJECT_WORDS = 8
+MAX_SECTION_SEEDS = 4  # a window of sections: at most this many times `--study` seeds, one per section
 # questions in the anchor's chat template: the teacher reads the window and the question in the user's
 # turn, the student the question alone. Anchors without a chat template continue raw seeds instead.
 # The first ones ask for facts: with them the 135M teacher writes denser continuations ("Rynith Growers is a
@@ -262,6 +265,42 @@ def ground(tok: Any, ct: Continuation, window: str) -> Continuation | None:
     )
 
 
+def window_openings(reg: Registry, doc_ids: set[str]) -> dict[int, str | None]:
+    """For every window of these documents, the subject it opens with when its document is a set of
+    sections, else None (memctl.train.sections.openings, read from all of each document's windows)."""
+    texts: dict[str, list[tuple[int, str]]] = {d: [] for d in doc_ids}
+    titles: dict[str, str] = {}
+    ids = sorted(doc_ids)
+    for i in range(0, len(ids), 500):
+        part = ids[i : i + 500]
+        sql = (
+            "select w.id, w.doc_id, w.text, d.title from windows w join documents d on d.id = w.doc_id "
+            f"where w.doc_id in ({','.join('?' * len(part))}) order by w.id"
+        )
+        for r in reg.db.query(sql, part):
+            texts[r["doc_id"]].append((int(r["id"]), r["text"]))
+            titles[r["doc_id"]] = r["title"] or ""
+    out: dict[int, str | None] = {}
+    for d, wins in texts.items():
+        starts = openings([t for _, t in wins], titles.get(d, ""))
+        out.update({w: (starts[i] if starts is not None else None) for i, (w, _) in enumerate(wins)})
+    return out
+
+
+def window_seeds(tokenizer: Any, title: str, text: str, per_window: int, start: str | None) -> list[Seed]:
+    """The seeds of a window: `per_window` naming its subject; in a document of sections (`start`, the
+    subject the window opens with, is not None) one at least for each of its sections' names, up to
+    MAX_SECTION_SEEDS x `per_window`, the names taking turns and each next seed of a name its next form."""
+    names = subjects(text, title, True, start) if start is not None else []
+    if len(names) == 1 and names[0] != " ".join(title.split()):
+        return pick_seeds(seeds_for(tokenizer, names[0]), per_window)
+    if len(names) < 2:
+        return pick_seeds(seeds_for(tokenizer, subject_of(title, text)), per_window)
+    forms = [seeds_for(tokenizer, name) for name in names]
+    n = max(per_window, min(len(names), MAX_SECTION_SEEDS * per_window))
+    return [forms[i % len(names)][(i // len(names)) % len(forms[0])] for i in range(n)]
+
+
 def add_study(
     reg: Registry,
     anchor: Anchor,
@@ -307,8 +346,9 @@ def add_study(
     tree = None if nearest else reg.load_tree()
     seed_base = int(reg.config.seed)
     total, tokens = 0, 0
+    starts = window_openings(reg, {r["doc_id"] for r in rows})
     for n, r in enumerate(rows):
-        seeds = pick_seeds(seeds_for(tok, subject_of(r["title"] or "", r["text"])), per_window)
+        seeds = window_seeds(tok, r["title"] or "", r["text"], per_window, starts[int(r["id"])])
         gen = torch.Generator().manual_seed(seed_base * 1_000_003 + int(r["id"]))  # per window: resumable
         conts = sample_continuations(anchor, r["text"], separator, seeds, gen, layers=layers)
         if grounded:
