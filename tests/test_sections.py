@@ -178,6 +178,8 @@ def test_a_bank_writes_section_prompts_and_seeds(tmp_path: Path, home: Path, tin
     kept = reg.db.execute("select count(*) from prompts where doc_id = 'one' and kind = 'cloze'").fetchone()[0]
     report = reprompt(reg)
     assert report.windows == n_reg
+    studied = dict(reg.db.execute("select doc_id, max(studied) from windows group by doc_id").fetchall())
+    assert studied == {"reg": 0, "one": 1}  # the register's seeds are sampled again, by section
     assert reg.db.execute("select count(*) from prompts where doc_id = 'reg' and kind = 'cloze'").fetchone()[0] == 0
     assert reg.db.execute("select count(*) from prompts where doc_id = 'one' and kind = 'cloze'").fetchone()[0] == kept
     assert (

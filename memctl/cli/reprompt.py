@@ -20,7 +20,9 @@ def reprompt(
 ) -> None:
     """Delete the cloze and paraphrase prompts that older prompt rules wrote (and their teacher cache), so
     that the next `memctl train` writes them with this memctl's rules and retrains every unit (all trained
-    blocks become stale; they serve until retrained). Self-study continuations and questions are kept."""
+    blocks become stale; they serve until retrained). Self-study continuations and questions are kept, but
+    for a document of sections (a register, minutes) whose seeds named its title: the next `train` samples
+    its continuations again, one seed per section."""
     from ..train.reprompt import reprompt_bank
 
     rep = run(lambda: reprompt_bank(bank, all_windows=all_windows), no_wait)

@@ -4,7 +4,8 @@ Each window records the version of the cloze rules (memctl.train.prompts.RULES) 
 After an upgrade of memctl changes the rules, a bank keeps training on the prompts it has; `reprompt`
 deletes the rule-written prompts (cloze and paraphrase, with their teacher cache) of the windows written
 by older rules, so that the next `memctl train` writes them again, and marks every trained block stale,
-since new prompts are routed anew and any unit may receive one. A window whose prompts the current rules
+since new prompts are routed anew and any unit may receive one (and a document of sections written
+before v2 is studied again: its self-study seeds named its title). A window whose prompts the current rules
 would write the same (SAME_SINCE) is not outdated: it is recorded as current (`settle`). Self-study
 continuations and anchor-written questions do not come from the rules and are kept. No model is loaded here.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..registry import Registry, now
 from ..registry.checkpoints import drop_checkpoints, pending_checkpoints
@@ -60,12 +62,31 @@ def _same_windows(reg: Registry) -> list[int]:
                 [version],
             )
         )
-        docs: dict[str, list[dict]] = {}
+        docs: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
             docs.setdefault(r["doc_id"], []).append(r)
         for wins in docs.values():
             if not sectioned([w["text"] for w in wins], wins[0]["title"] or ""):
                 out += [int(w["id"]) for w in wins if w["prompt_rules"] == version]
+    return out
+
+
+def _sectioned_windows(reg: Registry, where: str) -> list[tuple[int, int]]:
+    """(id, rules version) of the windows matching `where` whose documents are documents of sections."""
+    rows = list(
+        reg.db.query(
+            "select w.id, w.doc_id, w.text, w.prompt_rules, d.title, "
+            f"w.id in (select id from windows where {where}) as hit from windows w join documents d "
+            f"on d.id = w.doc_id where w.doc_id in (select doc_id from windows where {where}) order by w.id"
+        )
+    )
+    docs: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        docs.setdefault(r["doc_id"], []).append(r)
+    out: list[tuple[int, int]] = []
+    for wins in docs.values():
+        if sectioned([w["text"] for w in wins], wins[0]["title"] or ""):
+            out += [(int(w["id"]), int(w["prompt_rules"])) for w in wins if w["hit"]]
     return out
 
 
@@ -118,6 +139,11 @@ def reprompt(reg: Registry, all_windows: bool = False) -> RepromptReport:
         deleted = reg.db.execute(
             f"delete from prompts where kind in ({kinds}) and window_id in (select id from windows where {where})"
         ).rowcount
+        # self-study seeds of a document of sections named its title before v2: they are sampled again too
+        restudy = [w for w in _sectioned_windows(reg, where) if w[1] < 2]
+        for i in range(0, len(restudy), 500):
+            part = [w for w, _ in restudy[i : i + 500]]
+            reg.db.execute(f"update windows set studied = 0 where id in ({','.join('?' * len(part))})", part)
         reg.db.execute(f"update windows set prompted = 0 where {where}")
         stale = [r["id"] for r in reg.db.query("select id from blocks where state = 'trained' order by level, idx")]
         reg.db.execute("update blocks set state = 'stale', updated = ? where state = 'trained'", [now()])
