@@ -19,7 +19,15 @@ from memctl.train.batches import kd_targets, load_samples, prompt_samples
 from memctl.train.coverage import bank_coverage, content_words, window_coverage
 from memctl.train.distill import TEACHER_SEPARATOR, TOPK, prepare
 from memctl.train.prompts import joins_without_space, prompts_for
-from memctl.train.study import STUDY, pick_seeds, seeds_for, subject_of, teacher_context
+from memctl.train.study import (
+    STUDY,
+    pick_seeds,
+    seeds_for,
+    subject_of,
+    teacher_context,
+    window_openings,
+    window_seeds,
+)
 
 
 def _answers(text: str, subject: str) -> dict[str, str]:
@@ -261,10 +269,13 @@ def test_a_long_documents_continuations_train_on_their_own_windows_paths(
     assert len(windows) >= 4 and len({w["path"] for w in windows}) > 1
     emb = get_embedder(reg.config.embedder)
     elsewhere = 0
+    starts = window_openings(reg, {w["doc"] for w in windows})  # a register: seeds name its sections
+    assert all(starts[w["id"]] is not None for w in windows)
     for w in windows:
         rows = list(reg.db.query("select text, path from prompts where kind = ? and window_id = ?", [STUDY, w["id"]]))
         assert rows and all(r["path"] == w["path"] for r in rows)  # its window's path
-        queries = {s.text: s.query for s in seeds_for(anchor.tokenizer, subject_of(w["title"] or "", w["text"]))}
+        seeds = window_seeds(anchor.tokenizer, w["title"] or "", w["text"], 2, starts[w["id"]])
+        queries = {s.text: s.query for s in seeds}
         seed_routes = route_prompts(reg, emb.encode([queries[r["text"]] for r in rows]), [w["doc"]] * len(rows))
         elsewhere += sum(",".join(map(str, x)) != w["path"] for x in seed_routes)
     assert elsewhere > 0  # where the seed alone would have routed some of them: the document's window nearest it
