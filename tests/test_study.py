@@ -19,13 +19,13 @@ from memctl.train.batches import kd_targets, load_samples, prompt_samples
 from memctl.train.coverage import bank_coverage, content_words, window_coverage
 from memctl.train.distill import TEACHER_SEPARATOR, TOPK, prepare
 from memctl.train.prompts import joins_without_space, prompts_for
+from memctl.train.sections import window_openings
 from memctl.train.study import (
     STUDY,
     pick_seeds,
     seeds_for,
     subject_of,
     teacher_context,
-    window_openings,
     window_seeds,
 )
 

@@ -37,7 +37,8 @@ from .kinds import QUESTION
 from .prompts import RULES, joins_without_space, prompts_for
 from .questions import ANSWER_TOKENS, answer_questions, chat_prompt, write_questions
 from .reprompt import settle
-from .study import add_study, window_openings
+from .sections import window_openings
+from .study import add_study
 
 TOPK = 16
 HELD_OUT_EVERY = 10  # one prompt in ten is held out for scoring

@@ -12,6 +12,7 @@ continuations and anchor-written questions do not come from the rules and are ke
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from ..registry.checkpoints import drop_checkpoints, pending_checkpoints
 from ..registry.lock import bank_lock
 from .kinds import RULE_KINDS
 from .prompts import RULES
-from .sections import sectioned
+from .sections import window_openings
 
 
 @dataclass
@@ -48,46 +49,27 @@ class RepromptReport:
 SAME_SINCE = {1: 2}
 
 
+def _of_sections(reg: Registry, where: str, params: Sequence[Any] = ()) -> dict[int, bool]:
+    """For each window matching `where`: whether its document is a document of sections."""
+    rows = list(reg.db.query(f"select id, doc_id from windows where {where}", list(params)))
+    starts = window_openings(reg, {r["doc_id"] for r in rows})
+    return {int(r["id"]): starts[int(r["id"])] is not None for r in rows}
+
+
 def _same_windows(reg: Registry) -> list[int]:
     """Windows written by older rules whose prompts the current rules would write the same (SAME_SINCE)."""
     out: list[int] = []
     for version, upto in SAME_SINCE.items():
-        if upto != RULES:
-            continue
-        rows = list(
-            reg.db.query(
-                "select w.id, w.doc_id, w.text, w.prompt_rules, d.title from windows w join documents d "
-                "on d.id = w.doc_id where w.doc_id in (select doc_id from windows where prompted = 1 and "
-                "prompt_rules = ?) order by w.id",
-                [version],
-            )
-        )
-        docs: dict[str, list[dict[str, Any]]] = {}
-        for r in rows:
-            docs.setdefault(r["doc_id"], []).append(r)
-        for wins in docs.values():
-            if not sectioned([w["text"] for w in wins], wins[0]["title"] or ""):
-                out += [int(w["id"]) for w in wins if w["prompt_rules"] == version]
+        if upto == RULES:
+            written = _of_sections(reg, "prompted = 1 and prompt_rules = ?", [version])
+            out += [w for w, sections in written.items() if not sections]
     return out
 
 
-def _sectioned_windows(reg: Registry, where: str) -> list[tuple[int, int]]:
-    """(id, rules version) of the windows matching `where` whose documents are documents of sections."""
-    rows = list(
-        reg.db.query(
-            "select w.id, w.doc_id, w.text, w.prompt_rules, d.title, "
-            f"w.id in (select id from windows where {where}) as hit from windows w join documents d "
-            f"on d.id = w.doc_id where w.doc_id in (select doc_id from windows where {where}) order by w.id"
-        )
-    )
-    docs: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
-        docs.setdefault(r["doc_id"], []).append(r)
-    out: list[tuple[int, int]] = []
-    for wins in docs.values():
-        if sectioned([w["text"] for w in wins], wins[0]["title"] or ""):
-            out += [(int(w["id"]), int(w["prompt_rules"])) for w in wins if w["hit"]]
-    return out
+def _set(reg: Registry, column: str, value: int, ids: Sequence[int]) -> None:
+    for i in range(0, len(ids), 500):
+        part = list(ids[i : i + 500])
+        reg.db.execute(f"update windows set {column} = ? where id in ({','.join('?' * len(part))})", [value, *part])
 
 
 def settle(reg: Registry) -> int:
@@ -95,11 +77,7 @@ def settle(reg: Registry) -> int:
     nothing to retrain). Returns how many. The caller holds the bank lock."""
     same = _same_windows(reg)
     with reg.db.atomic():
-        for i in range(0, len(same), 500):
-            part = same[i : i + 500]
-            reg.db.execute(
-                f"update windows set prompt_rules = ? where id in ({','.join('?' * len(part))})", [RULES, *part]
-            )
+        _set(reg, "prompt_rules", RULES, same)
     return len(same)
 
 
@@ -140,10 +118,8 @@ def reprompt(reg: Registry, all_windows: bool = False) -> RepromptReport:
             f"delete from prompts where kind in ({kinds}) and window_id in (select id from windows where {where})"
         ).rowcount
         # self-study seeds of a document of sections named its title before v2: they are sampled again too
-        restudy = [w for w in _sectioned_windows(reg, where) if w[1] < 2]
-        for i in range(0, len(restudy), 500):
-            part = [w for w, _ in restudy[i : i + 500]]
-            reg.db.execute(f"update windows set studied = 0 where id in ({','.join('?' * len(part))})", part)
+        before_v2 = _of_sections(reg, f"{where} and prompt_rules < 2")
+        _set(reg, "studied", 0, [w for w, sections in before_v2.items() if sections])
         reg.db.execute(f"update windows set prompted = 0 where {where}")
         stale = [r["id"] for r in reg.db.query("select id from blocks where state = 'trained' order by level, idx")]
         reg.db.execute("update blocks set state = 'stale', updated = ? where state = 'trained'", [now()])

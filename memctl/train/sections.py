@@ -1,4 +1,5 @@
-"""Whom each paragraph of a window is about: its document's title, or a name of its own (pure text).
+"""Whom each paragraph of a window is about: its document's title, or a name of its own (pure text, but
+for `window_openings`, which reads a bank's windows).
 
 A register, a staff list, minutes or a ticket log is one document about many subjects, none of them
 named by its title: "Aurias Haldton is employed by Cyraris Instruments. His date of birth is ..." in
@@ -25,6 +26,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..registry import Registry
 
 _PARA = re.compile(r"\n\s*\n")
 # what a heading or a memo line may put before a name: "# ", "- ", "About ", "Re: ", "Profile of "
@@ -189,3 +194,25 @@ def subjects(text: str, title: str, sections: bool | None = None, start: str = "
         if s:
             seen.setdefault(s.lower(), s)
     return list(seen.values())
+
+
+def window_openings(reg: Registry, doc_ids: set[str]) -> dict[int, str | None]:
+    """For every window of these documents, the subject it opens with when its document is a set of
+    sections, else None (`openings`, read from all of each document's windows)."""
+    texts: dict[str, list[tuple[int, str]]] = {d: [] for d in doc_ids}
+    titles: dict[str, str] = {}
+    ids = sorted(doc_ids)
+    for i in range(0, len(ids), 500):
+        part = ids[i : i + 500]
+        sql = (
+            "select w.id, w.doc_id, w.text, d.title from windows w join documents d on d.id = w.doc_id "
+            f"where w.doc_id in ({','.join('?' * len(part))}) order by w.id"
+        )
+        for r in reg.db.query(sql, part):
+            texts[r["doc_id"]].append((int(r["id"]), r["text"]))
+            titles[r["doc_id"]] = r["title"] or ""
+    out: dict[int, str | None] = {}
+    for d, wins in texts.items():
+        starts = openings([t for _, t in wins], titles.get(d, ""))
+        out.update({w: (starts[i] if starts is not None else None) for i, (w, _) in enumerate(wins)})
+    return out

@@ -36,7 +36,7 @@ from ..model.prefix import layer_outputs, on_model
 from ..registry import Registry
 from .grounding import MIN_TOKENS, grounded_tokens
 from .kinds import STUDY
-from .sections import openings, subjects
+from .sections import subjects, window_openings
 
 TOPK = 16  # as memctl.train.distill.TOPK: the student's loss reads the same shape
 STUDY_TOKENS = 40  # tokens sampled per continuation
@@ -263,28 +263,6 @@ def ground(tok: Any, ct: Continuation, window: str) -> Continuation | None:
         ct.topk_logp[:keep],
         ct.hidden[:keep] if ct.hidden is not None else None,
     )
-
-
-def window_openings(reg: Registry, doc_ids: set[str]) -> dict[int, str | None]:
-    """For every window of these documents, the subject it opens with when its document is a set of
-    sections, else None (memctl.train.sections.openings, read from all of each document's windows)."""
-    texts: dict[str, list[tuple[int, str]]] = {d: [] for d in doc_ids}
-    titles: dict[str, str] = {}
-    ids = sorted(doc_ids)
-    for i in range(0, len(ids), 500):
-        part = ids[i : i + 500]
-        sql = (
-            "select w.id, w.doc_id, w.text, d.title from windows w join documents d on d.id = w.doc_id "
-            f"where w.doc_id in ({','.join('?' * len(part))}) order by w.id"
-        )
-        for r in reg.db.query(sql, part):
-            texts[r["doc_id"]].append((int(r["id"]), r["text"]))
-            titles[r["doc_id"]] = r["title"] or ""
-    out: dict[int, str | None] = {}
-    for d, wins in texts.items():
-        starts = openings([t for _, t in wins], titles.get(d, ""))
-        out.update({w: (starts[i] if starts is not None else None) for i, (w, _) in enumerate(wins)})
-    return out
 
 
 def window_seeds(tokenizer: Any, title: str, text: str, per_window: int, start: str | None) -> list[Seed]:
