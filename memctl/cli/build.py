@@ -160,6 +160,14 @@ def train(
             "fewer is quicker to make and preserves less)."
         ),
     ] = None,
+    preserve_by: Annotated[
+        str | None,
+        typer.Option(
+            help="How preservation keeps the anchor: 'output' (the memories' next-token distribution on the "
+            "pool matches the anchor's) or 'states' (the memory neurons add nothing to the anchor's hidden "
+            "states on the pool, read once per unit: no pass through the model; default output)."
+        ),
+    ] = None,
     questions: Annotated[
         int | None,
         typer.Option(
@@ -270,6 +278,7 @@ def train(
         "preserve": preserve,
         "preserve_pool": preserve_pool,
         "preserve_own": preserve_own,
+        "preserve_by": preserve_by,
         "questions": questions,
         "study": study,
         "study_per_epoch": study_per_epoch,

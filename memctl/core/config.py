@@ -99,6 +99,10 @@ class TrainConfig:
     patience: int = 3  # stop a unit when neither held-out accuracy nor held-out loss has improved for this many epochs
     preserve: float = 1.0  # share of a unit's tokens spent matching the anchor on its own text (memctl.train.preserve)
     preserve_pool: int = 1024  # sequences the anchor writes for it, once per bank
+    # how preservation keeps the anchor: "output", the student matches the anchor's next-token distribution
+    # on the pool (a pass through the model per sequence); "states", the memory neurons add nothing to the
+    # anchor's own hidden states on the pool, read once per unit (memctl.train.keepstates)
+    preserve_by: str = "output"
     # share of a unit's tokens spent matching the anchor on the unit's own windows, facts left out
     # (memctl.train.preserve.own_window_samples); 0: off
     preserve_own: float = 0.0
@@ -139,6 +143,8 @@ class TrainConfig:
             raise InputError(f"--preserve must be between 0 and 4, got {self.preserve}")
         if not 0 <= self.preserve_own <= 4:
             raise InputError(f"--preserve-own must be between 0 and 4, got {self.preserve_own}")
+        if self.preserve_by not in ("output", "states"):
+            raise InputError(f"--preserve-by must be output or states, got {self.preserve_by!r}")
         if self.preserve_pool < 1:
             raise InputError(f"--preserve-pool must be at least 1, got {self.preserve_pool}")
         if not 0 <= self.questions <= MAX_QUESTIONS:
@@ -198,6 +204,7 @@ def train_config_from_json(text: str) -> TrainConfig:
     d["betas"] = tuple(d["betas"])
     d.setdefault("preserve", 0.0)  # trained before preservation existed: without it
     d.setdefault("preserve_own", 0.0)
+    d.setdefault("preserve_by", "output")
     # trained before questions, self-study or deep distillation existed (or with them off by default): without
     # them, so that retraining (forget, stale blocks) repeats how the bank was trained
     d.setdefault("questions", 0)

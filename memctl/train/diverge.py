@@ -31,7 +31,10 @@ from collections.abc import Sequence
 DIVERGED_RATIO = 2.0  # an epoch's mean loss this many times the kind's best earlier epoch: diverged
 DRIFT_RATIO = 1.2  # an epoch's preservation mean this many times the first epoch's: drifted
 PRESERVE = "keep"  # the preservation batches' kind (memctl.train.batches)
-KIND_NAMES = {"lm": "next-token", "kd": "distillation", PRESERVE: "preservation"}
+# preservation on the anchor's hidden states (memctl.train.keepstates): 0 while the blocks are untrained
+# and rising as they learn, so only a loss that is not finite counts against it
+STATES = "states"
+KIND_NAMES = {"lm": "next-token", "kd": "distillation", PRESERVE: "preservation", STATES: "preservation (states)"}
 MAX_RESTARTS = 2  # then the unit trains on as it is (the result records the restarts)
 
 
@@ -62,7 +65,7 @@ def diverged(losses: dict[str, list[float]], counts: Sequence[dict[str, int]], e
             return f"{KIND_NAMES.get(kind, kind)} loss is {value}"
     for kind, value in now.items():
         earlier = [m[kind] for e in range(epoch) if kind in (m := epoch_means(losses, counts, e))]
-        if not earlier:
+        if not earlier or kind == STATES:
             continue
         name = KIND_NAMES.get(kind, kind)
         if value > DIVERGED_RATIO * min(earlier):

@@ -26,6 +26,7 @@ from ..model.prefix import head_split_matches
 from ..registry import Registry, dumps
 from ..registry.checkpoints import checkpoint_path
 from .batches import (
+    Sample,
     batch_loss,
     build_prefix_cache,
     collate,
@@ -39,7 +40,8 @@ from .checkpoint import TrainState, read_checkpoint, save_checkpoint
 from .checkpoint import decode as decode_checkpoint
 from .dataparallel import DataParallel
 from .distill import PrepareReport, generate_prompts, heldout_accuracy, heldout_loss, heldout_prompts, prepare
-from .diverge import MAX_RESTARTS, diverged, epoch_means, kind_counts
+from .diverge import MAX_RESTARTS, STATES, diverged, epoch_means, kind_counts
+from .keepstates import read_pool_states
 from .optim import BlockAdamW, clip_grad_norm, lr_at
 from .preserve import own_window_samples, prepare_pool
 from .records import TrainedUnit, UnitResult
@@ -152,8 +154,13 @@ def train_unit(
     params = UnitParams(cfg, unit, anchor.device)
     if not samples:
         return TrainedUnit(UnitResult(name, 0, 0, float("nan"), float("nan"), 0.0, 0), unit, params, {})
+    pool_states = None  # `--preserve-by states`: the pool's hidden states, read once (memctl.train.keepstates)
+    if tcfg.preserve_by == "states" and any(s.kind == "keep" and not s.doc_id for s in samples):
+        seqs = {s.key: s.ids for s in samples if s.kind == "keep" and not s.doc_id}
+        pool_states = read_pool_states(anchor.model, handle, seqs)
     start = min(cfg.memory.layers)
-    prefix_cache = build_prefix_cache(anchor, start, samples, _prefix_progress(progress, n_units))
+    through = [s for s in samples if pool_states is None or s.key not in pool_states.states]  # run the model
+    prefix_cache = build_prefix_cache(anchor, start, through, _prefix_progress(progress, n_units))
     if prefix_cache is not None:
         for smp in samples:
             smp.states = prefix_cache.get(smp.key)
@@ -167,8 +174,12 @@ def train_unit(
             plans[e] = epoch_plan(samples, epochs[e], retired, e, unit_seed(tcfg.seed, name))
         return plans[e]
 
+    def kind(batch: list[Sample]) -> str:  # what a batch trains: its samples' kind, or the states loss
+        k = batch[0].kind
+        return STATES if pool_states is not None and k == "keep" and not batch[0].doc_id else k
+
     def counts(upto: int) -> list[dict[str, int]]:  # batches of each kind per epoch, for memctl.train.diverge
-        return kind_counts([[samples[b[0]].kind for b in plan(e) if b] for e in range(upto + 1)])
+        return kind_counts([[kind([samples[b[0]]]) for b in plan(e) if b] for e in range(upto + 1)])
 
     restarts = 0
     opt = _optimizer(params, tcfg)
@@ -236,7 +247,12 @@ def train_unit(
             agree: list[torch.Tensor] | None = [] if check and mine else None
             loss_value, agreed = 0.0, [0.0] * (len(batch) if check else 0)
             if mine:
-                loss = _loss(anchor, handle, unit, params, mine, pad, start, split_head, deep, tcfg.anchor_mix, agree)
+                if pool_states is not None and kind(mine) == STATES:
+                    fetched = params.fetched(unit.local_index([s.path for s in mine]))
+                    loss = pool_states.loss(fetched, [s.key for s in mine])
+                else:
+                    mix = tcfg.anchor_mix
+                    loss = _loss(anchor, handle, unit, params, mine, pad, start, split_head, deep, mix, agree)
                 if dp is not None:  # this rank's share of the batch's mean: the group's sum is the mean
                     loss = loss * (loss_positions(mine) / loss_positions(batch))
                 loss.backward()
@@ -252,8 +268,9 @@ def train_unit(
             clip_grad_norm(params.flat(), tcfg.grad_clip)
             opt.step(touched)
             opt.zero_grad()
-            tokens += sum(len(s.ids) for s in batch)
-            losses.setdefault(batch[0].kind, []).append(loss_value)
+            if kind(batch) != STATES:  # student tokens: those that ran through the model
+                tokens += sum(len(s.ids) for s in batch)
+            losses.setdefault(kind(batch), []).append(loss_value)
             last_loss = loss_value
             for i, ok in zip(batch_idx, agreed, strict=False):
                 if ok > 0.5:
@@ -322,8 +339,8 @@ def train_unit(
         if stopped_early:
             break
     seconds = time.perf_counter() - t_start
-    first, last = _ends({k: v for k, v in losses.items() if k != "keep"})
-    keep = _ends({"keep": losses.get("keep", [])})
+    first, last = _ends({k: v for k, v in losses.items() if k not in ("keep", STATES)})
+    keep = _ends({"keep": losses.get("keep", losses.get(STATES, []))})
     res = UnitResult(
         name, step, tokens, first, last, seconds, resumed_from, scores, stopped_early, *keep, held_losses, restarts
     )

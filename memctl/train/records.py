@@ -31,7 +31,7 @@ class UnitResult:
     stopped_early: bool = False
     # first and last 5% of the steps: loss_* over the learning batches (per batch kind, averaged
     # over the kinds), preserve_* over the preservation batches (memctl.train.preserve; cross-entropy to
-    # the anchor, its entropy included)
+    # the anchor, its entropy included; under `--preserve-by states`, memctl.train.keepstates's loss)
     preserve_first: float = float("nan")
     preserve_last: float = float("nan")
     heldout_loss: list[float] = field(default_factory=list)  # held-out distillation loss per epoch
