@@ -32,7 +32,10 @@ lower bound; each setup's accuracy on the probes routed into their document's le
     python benchmarks/corpora.py [--corpora elements,fictional,foldoc,registers] [--variants cloze,study2]
         [--subtree N] [--routing nearest|tree] [--memory-layers all|last:N] [--ranks R1,R2] [--window N]
         [--train-args "..."] [--eval-args "--anchor-mix 0.5"]
-        [--entities 300] [--limit N] [--out demo-out/corpora] [--fresh]
+        [--entities 300] [--limit N] [--out demo-out/corpora] [--fresh] [--no-baseline]
+
+Unless --no-baseline, the run first trains the time goal's baseline unit on this CPU (benchmarks/time_baseline.py)
+and each row's "unit s x base" is its unit seconds per corpus token against that unit's.
 """
 
 from __future__ import annotations
@@ -47,8 +50,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import time_baseline
+from corpora_table import table
 from rich.console import Console
-from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 console = Console()
@@ -336,59 +340,6 @@ def corpus_tokens(home: Path, bank: str, subtree: int | None) -> int:
         reg.close()
 
 
-def pct(r: dict[str, Any] | None) -> str:
-    return f"{100 * r['accuracy']:.1f}%" if r else "-"
-
-
-def share(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
-    return f"{100 * a['accuracy'] / b['accuracy']:.0f}%" if a and b and b["accuracy"] else "-"
-
-
-def table(rows: dict[str, dict[str, Any]]) -> Table:
-    t = Table(title="memories on corpora in distinct styles (accuracy; 'of OB' = share of the open-book ceiling)")
-    cols = ["corpus", "variant", "probes", "anchor", "open book", "fetched", "of OB", "rag", "rag+fetched",
-            "questions: anchor", "open book", "fetched", "of OB", "in chat: OB", "fetched (of OB)", "coverage",
-            "tokens trained",
-            "per corpus token", "train s", "ppl vs anchor", "ppl where trained"]  # fmt: skip
-    for c in cols:
-        t.add_column(c, justify="right")
-    for r in rows.values():
-        m, q, chat = r["main"], r["questions"], r.get("questions_chat")
-        cov = r.get("coverage") or {}
-        ppl = r.get("perplexity_vs_anchor")
-        t.add_row(
-            r["corpus"] + (f" (subtree {r['subtree']})" if r.get("subtree") is not None else ""),
-            " ".join([r["variant"], *r.get("eval_options", [])]),
-            str(m["fetched"]["n"]),
-            pct(m.get("anchor")),
-            pct(m.get("oracle-rag")),
-            pct(m.get("fetched")),
-            share(m.get("fetched"), m.get("oracle-rag")),
-            pct(m.get("rag")),
-            pct(m.get("rag+fetched")),
-            pct(q.get("anchor")),
-            pct(q.get("oracle-rag")),
-            pct(q.get("fetched")),
-            share(q.get("fetched"), q.get("oracle-rag")),
-            pct(chat.get("oracle-rag")) if chat else "-",
-            f"{pct(chat.get('fetched'))} ({share(chat.get('fetched'), chat.get('oracle-rag'))})" if chat else "-",
-            f"{100 * cov['mean']:.0f}%" if "mean" in cov else "-",
-            f"{r['tokens_trained']:,}",
-            f"{r['tokens_trained'] / max(1, r['corpus_tokens']):.1f}",
-            f"{r['seconds']['train']:.0f}",
-            f"{100 * (ppl - 1):+.1f}%" if ppl is not None else "-",
-            trained_cell(r.get("perplexity_trained")),
-        )
-    return t
-
-
-def trained_cell(t: dict[str, Any] | None) -> str:
-    """'+31.0% (7 of 27)': fetched memories on the unrelated documents that met trained blocks."""
-    if not t or t.get("ratio") is None:
-        return "-" if not t else f"none of {t.get('of')}"
-    return f"{100 * (t['ratio'] - 1):+.1f}% ({t['docs']} of {t['of']})"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpora", default="elements,fictional,foldoc")
@@ -413,6 +364,12 @@ def main() -> None:
     )
     ap.add_argument("--out", default=str(ROOT / "demo-out" / "corpora"))
     ap.add_argument("--fresh", action="store_true", help="drop earlier results under --out")
+    ap.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the time goal's baseline unit (elements subtree 0, cloze, last 10 layers, fp32), which "
+        "runs once per CPU model and divides each row's unit time per corpus token",
+    )
     a = ap.parse_args()
     out = Path(a.out)
     if a.fresh and out.exists():
@@ -428,16 +385,14 @@ def main() -> None:
             sys.exit(
                 f"unknown corpus or variant {name!r}: corpora {', '.join(CORPORA)}; variants {', '.join(VARIANTS)}"
             )
+    baseline = None
+    if not a.no_baseline:
+        console.rule("the time goal's baseline: elements subtree 0, cloze, last 10 layers, fp32")
+        data = build_data("elements", out, a.entities, log)
+        baseline = time_baseline.measure(out, log, data, a.routing, prepare_base, memctl, corpus_tokens)
+        console.print(f"baseline: {baseline['seconds_per_1k']:.1f} unit s per 1k corpus tokens ({baseline['cpu']})")
     for corpus in corpora:
-        script, docs, _, _ = CORPORA[corpus]
-        data = out / "data" / corpus
-        if not (data / docs).is_file():
-            build = [sys.executable, str(ROOT / script), "--out", str(data)]
-            if corpus in ("fictional", "registers"):
-                build += ["--entities", str(a.entities)]
-            if corpus == "registers":
-                build += ["--per-document", str(REGISTER_SECTIONS)]
-            run(dict(os.environ), build, log)
+        data = build_data(corpus, out, a.entities, log)
         pool = 1024  # memctl's default --preserve-pool, unless --train-args says otherwise
         extra = a.train_args.split()
         if "--preserve-pool" in extra:
@@ -468,10 +423,26 @@ def main() -> None:
             rows[key]["commit"] = commit()
             rows[key]["memory_layers"] = a.memory_layers
             rows[key]["ranks"] = a.ranks or "default"
+            rows[key]["baseline"] = baseline
+            rows[key]["time_vs_baseline"] = time_baseline.ratio(rows[key], baseline)
             state_file.write_text(json.dumps(rows, indent=2))
             console.print(table({key: rows[key]}))
     console.print(table({k: v for k, v in rows.items() if k.split("/")[0] in corpora}))
     console.print(f"results: {state_file}")
+
+
+def build_data(corpus: str, out: Path, entities: int, log: Path) -> Path:
+    """The corpus's documents and probes under DIR/data/CORPUS, built by its example script once."""
+    script, docs, _, _ = CORPORA[corpus]
+    data = out / "data" / corpus
+    if not (data / docs).is_file():
+        build = [sys.executable, str(ROOT / script), "--out", str(data)]
+        if corpus in ("fictional", "registers"):
+            build += ["--entities", str(entities)]
+        if corpus == "registers":
+            build += ["--per-document", str(REGISTER_SECTIONS)]
+        run(dict(os.environ), build, log)
+    return data
 
 
 def commit() -> str:

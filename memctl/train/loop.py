@@ -21,7 +21,7 @@ import torch
 from ..core.config import TrainConfig
 from ..core.errors import BankStateError, MemctlError
 from ..core.placement import CPU, Placement
-from ..model.anchor import Anchor, load_anchor
+from ..model.anchor import Anchor, attention, load_anchor, training_attention
 from ..model.prefix import head_split_matches
 from ..registry import Registry, dumps
 from ..registry.checkpoints import checkpoint_path
@@ -375,7 +375,8 @@ def _loss(
         states = torch.zeros(ids.shape[0], ids.shape[1], anchor.hidden, dtype=first.dtype, device=first.device)
         for i, smp in enumerate(batch):
             states[i, : len(smp.ids)] = smp.states
-    with handle.using(params.fetched(unit.local_index([s.path for s in batch]))):
+    fetched = params.fetched(unit.local_index([s.path for s in batch]))
+    with handle.using(fetched), attention(anchor.model, training_attention(anchor)):
         return batch_loss(
             anchor.model,
             batch,

@@ -1,0 +1,95 @@
+"""The time goal's baseline, measured in the same run as the rows it is compared with.
+
+The goal (issue 25): a unit's training time per corpus token at most 2x elements' default when the
+issue was filed: cloze prompts only (`--study 0`), memories in the last 10 layers, fp32, a preservation
+pool of 256, elements' level-1 subtree 0. A constant measured once on another CPU says little about a
+row measured on this one, so `benchmarks/corpora.py` trains that unit here, once per CPU model (kept in
+DIR/baseline.json), and divides each row's unit seconds per corpus token by it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+CORPUS = "elements"
+LAYERS = "last:10"
+POOL = 256
+SUBTREE = 0
+TRAIN_ARGS = ["--study", "0", "--preserve-pool", str(POOL), "--dtype", "fp32", "--subtree", str(SUBTREE)]
+
+
+def cpu_name() -> str:
+    """This machine's CPU model and the threads torch uses: what the baseline's seconds depend on."""
+    import torch
+
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {torch.get_num_threads()} threads"
+
+
+def unit_seconds(info: dict[str, Any]) -> float:
+    """Seconds the bank's trained units took (`memctl info --json`): the training loop alone."""
+    return float(sum(r.get("seconds") or 0.0 for r in info["runs"] if r["status"] == "done"))
+
+
+def measure(
+    out: Path,
+    log: Path,
+    data: Path,
+    routing: str,
+    prepare_base: Callable[..., dict[str, float]],
+    memctl: Callable[..., str],
+    corpus_tokens: Callable[[Path, str, int | None], int],
+) -> dict[str, Any]:
+    """The baseline's unit seconds per 1,000 corpus tokens on this CPU (trained here unless DIR/baseline.json
+    holds this CPU's). `data` holds the elements corpus; the other arguments are corpora.py's helpers."""
+    found = out / "baseline.json"
+    if found.is_file():
+        old = json.loads(found.read_text())
+        if old.get("cpu") == cpu_name():
+            return old
+    base = out / "homes" / f"{CORPUS}-{routing}-base-pool{POOL}"  # corpora.py's name for this base bank
+    prepare_base(CORPUS, data, base, log, POOL, routing, LAYERS)
+    home = out / "homes" / "baseline-elements-cloze-last10-fp32"
+    shutil.rmtree(home, ignore_errors=True)
+    shutil.copytree(base, home)
+    env = dict(os.environ, MEMCTL_HOME=str(home))
+    t0 = time.perf_counter()
+    with log.open("a") as f:
+        f.write(memctl(env, log, "train", "--bank", CORPUS, *TRAIN_ARGS))
+    wall = time.perf_counter() - t0
+    info = json.loads(memctl(env, log, "info", "--bank", CORPUS, "--json"))
+    seconds, tokens = unit_seconds(info), corpus_tokens(home, CORPUS, SUBTREE)
+    result = {
+        "cpu": cpu_name(),
+        "corpus": CORPUS,
+        "memory_layers": LAYERS,
+        "train_options": TRAIN_ARGS,
+        "unit_seconds": seconds,
+        "train_seconds": wall,
+        "corpus_tokens": tokens,
+        "seconds_per_1k": 1000 * seconds / max(1, tokens),
+    }
+    found.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def ratio(row: dict[str, Any], base: dict[str, Any] | None) -> float | None:
+    """A row's unit seconds per corpus token against the baseline's (None without either)."""
+    if not base or not row.get("corpus_tokens"):
+        return None
+    seconds = sum(u.get("seconds") or 0.0 for u in row.get("units", []))
+    return 1000 * seconds / row["corpus_tokens"] / base["seconds_per_1k"]
