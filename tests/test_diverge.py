@@ -96,3 +96,31 @@ def test_a_diverged_unit_starts_over_at_half_the_learning_rate_and_resumes_exact
         for bid in want:
             for part in ("gate", "up", "down"):
                 assert torch.equal(got[bid][part], want[bid][part]), (name, bid, part)
+
+
+def test_max_restarts_0_trains_a_diverging_unit_on_as_it_is(
+    home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+
+    def always(losses: dict[str, list[float]], counts: Any, epoch: int) -> str | None:
+        calls.append(epoch)
+        return "distillation loss is nan"
+
+    monkeypatch.setattr(loop, "diverged", always)
+    cfg = {"epochs": 2, "batch_size": 2, "preserve": 0.5, "study": 1}
+    for name, limit in (("guarded", 2), ("off", 0)):
+        ingest(name, [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+        unit = train(name, {**cfg, "max_restarts": limit}, subtree=0, home=home).units[0]
+        assert unit.restarts == limit
+    # the guarded unit restarted after its first epoch twice, then trained on unchecked; the other never checked
+    assert calls == [0, 0]
+
+
+@pytest.mark.parametrize("value", [-1, 9])
+def test_max_restarts_out_of_range_is_one_clear_error(value: int) -> None:
+    from memctl.core.config import TrainConfig
+    from memctl.core.errors import InputError
+
+    with pytest.raises(InputError, match="--max-restarts must be between 0 and 8"):
+        TrainConfig(max_restarts=value).validate()

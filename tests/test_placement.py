@@ -15,7 +15,7 @@ import memctl.train.run as train_module
 from memctl.build.ingest import ingest
 from memctl.core.errors import InputError
 from memctl.core.placement import CPU, Placement, dtype_name, placement
-from memctl.model.anchor import load_anchor
+from memctl.model.anchor import attention, load_anchor, training_attention
 from memctl.model.memory import block_generator, init_block
 from memctl.registry import Registry
 from memctl.train.run import train
@@ -206,3 +206,55 @@ def test_ask_runs_the_anchor_in_the_dtype_asked_for(home: Path, corpus: Path, ti
     assert d["device"] == "cpu bf16" and d["store"]["misses"] == 2
     assert "use fp32, bf16 or auto" in one_error_line(invoke("ask", "--bank", "b", "x", "--dtype", "half"))
     assert "float32 model on the CPU" in one_error_line(invoke("ask", "--bank", "b", "x", "--int8", "--dtype", "bf16"))
+
+
+def test_training_passes_run_eager_attention_on_a_bf16_cpu(
+    corpus: Path, tiny_anchor: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import memctl.train.loop as loop
+
+    seen: list[str] = []
+    real = loop.batch_loss
+
+    def spy(model: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(model.config._attn_implementation)
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "batch_loss", spy)
+    _trained(corpus, tiny_anchor, tmp_path / "bf16", device="cpu", dtype="bf16")
+    assert seen and set(seen) == {"eager"}
+    seen.clear()
+    _trained(corpus, tiny_anchor, tmp_path / "fp32", dtype="fp32")
+    assert seen and set(seen) == {"sdpa"}  # fp32 keeps the model's own (no faster either way)
+
+
+def test_attention_switches_only_while_open_and_computes_the_same(tiny_anchor: Path, home: Path) -> None:
+    a = load_anchor(str(tiny_anchor), home)
+    assert training_attention(a) is None
+    assert training_attention(load_anchor(str(tiny_anchor), home, placement("cpu", "bf16"))) == "eager"
+    ids = torch.tensor([[5, 9, 31, 7, 2, 11], [4, 8, 15, 16, 23, 42]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    with torch.no_grad():
+        sdpa = a.model(input_ids=ids, attention_mask=mask).logits
+        with attention(a.model, "eager"):
+            assert a.model.config._attn_implementation == "eager"
+            eager = a.model(input_ids=ids, attention_mask=mask).logits
+        assert a.model.config._attn_implementation == "sdpa"
+        with attention(a.model, None):
+            assert a.model.config._attn_implementation == "sdpa"
+    valid = mask.bool()
+    assert torch.allclose(sdpa[valid], eager[valid], atol=1e-5)
+
+
+def test_the_vocabulary_head_reads_a_strided_input_as_a_contiguous_one(tiny_anchor: Path, home: Path) -> None:
+    a = load_anchor(str(tiny_anchor), home, placement("cpu", "bf16"))
+    head = a.model.get_output_embeddings()
+    got: list[bool] = []
+    head.register_forward_pre_hook(lambda _m, args: got.append(args[0].is_contiguous()))  # runs after memctl's
+    h = torch.randn(3, 5, a.hidden, dtype=torch.bfloat16)
+    strided = h[:, -1:]  # what generation's first step hands the head
+    assert not strided.is_contiguous()
+    with torch.no_grad():
+        out = head(strided)
+    assert got == [True]
+    assert torch.equal(out, torch.nn.functional.linear(strided.contiguous(), head.weight))

@@ -199,6 +199,13 @@ def train(
             "shrinks with it; default 0: every one trains every epoch).",
         ),
     ] = None,
+    max_restarts: Annotated[
+        int | None,
+        typer.Option(
+            help="Times a unit whose loss diverges, or whose preservation loss drifts above 1.2x its first "
+            "epoch's, starts over at half the learning rate; 0 trains on as it is (default 2).",
+        ),
+    ] = None,
     match_hidden: Annotated[
         float | None,
         typer.Option(
@@ -286,6 +293,7 @@ def train(
         "match_hidden": match_hidden,
         "ground_study": ground_study,
         "anchor_mix": anchor_mix,
+        "max_restarts": max_restarts,
     }
     if out_dir is not None or generic:
         train_out_command(bank, out_dir, overrides, subtree, generic, restart, as_json, dp, device, dtype)

@@ -79,6 +79,7 @@ class MemoryConfig:
 MAX_QUESTIONS = 16
 MAX_STUDY = 32
 MAX_MATCH_HIDDEN = 100.0
+MAX_RESTARTS = 8  # each halves the learning rate: 1/256 of it after eight
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,9 @@ class TrainConfig:
     # the anchor's share of the student's next-token distribution in training (memctl.model.mix): the memories
     # learn what (1 - w) p(memories) + w p(anchor) must say, and the bank then serves that mixture by default
     anchor_mix: float = 0.0
+    # times a unit whose loss diverges or whose preservation drifts starts over at half the learning rate
+    # (memctl.train.diverge); 0: it trains on as it is
+    max_restarts: int = 2
 
     def validate(self) -> None:
         if not 1 <= self.epochs <= MAX_EPOCHS:
@@ -161,6 +165,8 @@ class TrainConfig:
             raise InputError("--match-hidden needs --study N: it matches the teacher's hidden states on self-study")
         if not 0 <= self.anchor_mix < 1:  # NaN fails too; at 1 the memories would learn nothing
             raise InputError(f"--anchor-mix must be at least 0 and below 1 for training, got {self.anchor_mix}")
+        if not 0 <= self.max_restarts <= MAX_RESTARTS:
+            raise InputError(f"--max-restarts must be between 0 and {MAX_RESTARTS}, got {self.max_restarts}")
         if self.objective not in ("lm", "distill", "mix"):
             raise InputError(f"--objective must be lm, distill or mix, got {self.objective!r}")
 

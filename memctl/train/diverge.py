@@ -35,7 +35,6 @@ PRESERVE = "keep"  # the preservation batches' kind (memctl.train.batches)
 # and rising as they learn, so only a loss that is not finite counts against it
 STATES = "states"
 KIND_NAMES = {"lm": "next-token", "kd": "distillation", PRESERVE: "preservation", STATES: "preservation (states)"}
-MAX_RESTARTS = 2  # then the unit trains on as it is (the result records the restarts)
 
 
 def kind_counts(schedule: Sequence[Sequence[str]]) -> list[dict[str, int]]:

@@ -40,7 +40,7 @@ from .checkpoint import TrainState, read_checkpoint, save_checkpoint
 from .checkpoint import decode as decode_checkpoint
 from .dataparallel import DataParallel
 from .distill import PrepareReport, generate_prompts, heldout_accuracy, heldout_loss, heldout_prompts, prepare
-from .diverge import MAX_RESTARTS, STATES, diverged, epoch_means, kind_counts
+from .diverge import STATES, diverged, epoch_means, kind_counts
 from .keepstates import read_pool_states
 from .optim import BlockAdamW, clip_grad_norm, lr_at
 from .preserve import own_window_samples, prepare_pool
@@ -301,7 +301,7 @@ def train_unit(
             stopped_early = step < total and should_stop(
                 scores, held_losses, len(heldout.prompts), tcfg.epochs, tcfg.patience
             )
-        restart = diverged(losses, counts(epoch), epoch) if epoch_done and restarts < MAX_RESTARTS else None
+        restart = diverged(losses, counts(epoch), epoch) if epoch_done and restarts < tcfg.max_restarts else None
         if progress:
             el = time.perf_counter() - t_start
             progress(
