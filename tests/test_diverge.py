@@ -31,18 +31,22 @@ def test_an_epoch_diverges_when_a_kind_doubles_its_best_mean_or_is_not_finite() 
     assert not diverged({"kd": [9.0, 9.0]}, counts, 0)  # nothing earlier to compare with
 
 
-def test_an_epoch_drifts_when_its_preservation_loss_climbs_a_fifth_above_the_first_epochs() -> None:
+def test_an_epoch_drifts_when_its_preservation_loss_climbs_a_tenth_above_the_first_epochs() -> None:
     counts = kind_counts([["kd", "keep"]] * 5)
-    # the epoch means of the FOLDOC unit at lr 1e-2 (docs/corpora.md): distillation stalled, never twice
-    # its best, while preservation crept up
+    # the epoch means of FOLDOC units at lr 1e-2 (docs/corpora.md): distillation never twice its best,
+    # while preservation crept up (2026-11-27) or rose and came back (2026-11-29, +11.8% on unrelated text)
     kd = [2.835, 2.639, 2.044, 1.867, 2.234]
     drifting = {"kd": kd, "keep": [1.712, 1.889, 1.927, 1.969, 2.175]}
-    assert not any(diverged(drifting, counts, e) for e in range(4))  # 1.15x at most: not yet
-    assert diverged(drifting, counts, 4) == "preservation loss 2.175 > 1.2x the first epoch's 1.712"
-    # healthy units keep it flat, or let it fall and come back: never above the first epoch's by a fifth
+    assert not diverged(drifting, counts, 0)
+    assert diverged(drifting, counts, 1) == "preservation loss 1.889 > 1.1x the first epoch's 1.712"
+    back = {"kd": [2.811, 2.756, 2.549, 1.993, 1.642], "keep": [1.810, 2.025, 2.028, 1.971, 1.917]}
+    assert diverged(back, counts, 1) == "preservation loss 2.025 > 1.1x the first epoch's 1.810"
+    # healthy units keep it flat, or let it fall and come back: never above the first epoch's by a tenth
     assert not any(diverged({"kd": kd, "keep": [1.68, 1.66, 1.70, 1.64, 1.66]}, counts, e) for e in range(5))
-    assert not diverged({"kd": kd, "keep": [1.7, 1.2, 1.9, 2.0, 2.0]}, counts, 4)  # 2.0 < 1.2 x 1.7
-    assert diverged({"kd": kd, "keep": [1.7, 1.2, 1.9, 2.0, 2.5]}, counts, 4)  # 2.5 > 2 x 1.2, the best
+    fictional = [1.697, 1.744, 1.772, 1.762, 1.727]  # 1.044x at most (2026-11-29)
+    assert not any(diverged({"kd": kd, "keep": fictional}, counts, e) for e in range(5))
+    assert not diverged({"kd": kd, "keep": [1.7, 1.2, 1.8, 1.85, 1.85]}, counts, 4)  # 1.85 < 1.1 x 1.7
+    assert diverged({"kd": kd, "keep": [1.7, 1.2, 1.8, 1.85, 2.5]}, counts, 4)  # 2.5 > 2 x 1.2, the best
     lm_counts = kind_counts([["lm", "keep"]] * 4)  # the drift rule reads the preservation loss only
     assert not diverged({"lm": [3.0, 3.8, 3.8, 3.8], "keep": [1.7, 1.7, 1.7, 1.7]}, lm_counts, 3)
 

@@ -202,7 +202,7 @@ def train(
     max_restarts: Annotated[
         int | None,
         typer.Option(
-            help="Times a unit whose loss diverges, or whose preservation loss drifts above 1.2x its first "
+            help="Times a unit whose loss diverges, or whose preservation loss drifts above 1.1x its first "
             "epoch's, starts over at half the learning rate; 0 trains on as it is (default 2).",
         ),
     ] = None,
