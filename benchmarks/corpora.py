@@ -389,7 +389,8 @@ def main() -> None:
     if not a.no_baseline:
         console.rule("the time goal's baseline: elements subtree 0, cloze, last 10 layers, fp32")
         data = build_data("elements", out, a.entities, log)
-        baseline = time_baseline.measure(out, log, data, a.routing, prepare_base, memctl, corpus_tokens)
+        base = base_home(out, "elements", a.routing, time_baseline.POOL, time_baseline.LAYERS)
+        baseline = time_baseline.measure(out, log, data, base, a.routing, prepare_base, memctl, corpus_tokens)
         console.print(f"baseline: {baseline['seconds_per_1k']:.1f} unit s per 1k corpus tokens ({baseline['cpu']})")
     for corpus in corpora:
         data = build_data(corpus, out, a.entities, log)
@@ -397,10 +398,7 @@ def main() -> None:
         extra = a.train_args.split()
         if "--preserve-pool" in extra:
             pool = int(extra[extra.index("--preserve-pool") + 1])
-        shape = "" if a.memory_layers == "last:10" else f"-layers{a.memory_layers.replace(':', '')}"
-        shape += f"-ranks{a.ranks.replace(',', '-')}" if a.ranks else ""
-        shape += f"-window{a.window}" if a.window else ""
-        base = out / "homes" / f"{corpus}-{a.routing}-base-pool{pool}{shape}"
+        base = base_home(out, corpus, a.routing, pool, a.memory_layers, a.ranks, a.window)
         for variant in variants:
             key = f"{corpus}/{variant}/{a.routing}" + (f"/subtree{a.subtree}" if a.subtree is not None else "")
             key += f" {a.train_args}" if a.train_args else ""
@@ -429,6 +427,17 @@ def main() -> None:
             console.print(table({key: rows[key]}))
     console.print(table({k: v for k, v in rows.items() if k.split("/")[0] in corpora}))
     console.print(f"results: {state_file}")
+
+
+def base_home(
+    out: Path, corpus: str, routing: str, pool: int, layers: str, ranks: str = "", window: int | None = None
+) -> Path:
+    """Where a corpus's base bank for these ingest settings lives: one per corpus and shape, shared by its variants
+    (and, for elements' last-10 bank, by the time baseline)."""
+    shape = "" if layers == "last:10" else f"-layers{layers.replace(':', '')}"
+    shape += f"-ranks{ranks.replace(',', '-')}" if ranks else ""
+    shape += f"-window{window}" if window else ""
+    return out / "homes" / f"{corpus}-{routing}-base-pool{pool}{shape}"
 
 
 def build_data(corpus: str, out: Path, entities: int, log: Path) -> Path:

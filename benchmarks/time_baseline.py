@@ -15,7 +15,7 @@ import os
 import platform
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -46,29 +46,29 @@ def cpu_name() -> str:
     return f"{name}, {torch.get_num_threads()} threads"
 
 
-def unit_seconds(info: dict[str, Any]) -> float:
-    """Seconds the bank's trained units took (`memctl info --json`): the training loop alone."""
-    return float(sum(r.get("seconds") or 0.0 for r in info["runs"] if r["status"] == "done"))
+def unit_seconds(units: Iterable[dict[str, Any]]) -> float:
+    """Seconds the trained units took (`memctl info --json` runs, a row's units): the training loop alone."""
+    return float(sum(u.get("seconds") or 0.0 for u in units))
 
 
 def measure(
     out: Path,
     log: Path,
     data: Path,
+    base: Path,
     routing: str,
     prepare_base: Callable[..., dict[str, float]],
     memctl: Callable[..., str],
     corpus_tokens: Callable[[Path, str, int | None], int],
 ) -> dict[str, Any]:
     """The baseline's unit seconds per 1,000 corpus tokens on this CPU (trained here unless DIR/baseline.json
-    holds this CPU's, trained with these options). `data` holds the elements corpus; the other arguments
-    are corpora.py's helpers."""
+    holds this CPU's, trained with these options). `data` holds the elements corpus, `base` is where its
+    last-10 base bank lives or is built; the other arguments are corpora.py's helpers."""
     found = out / "baseline.json"
     if found.is_file():
         old = json.loads(found.read_text())
         if old.get("cpu") == cpu_name() and old.get("train_options") == TRAIN_ARGS:
             return old
-    base = out / "homes" / f"{CORPUS}-{routing}-base-pool{POOL}"  # corpora.py's name for this base bank
     prepare_base(CORPUS, data, base, log, POOL, routing, LAYERS)
     home = out / "homes" / "baseline-elements-cloze-last10-fp32"
     shutil.rmtree(home, ignore_errors=True)
@@ -79,7 +79,8 @@ def measure(
         f.write(memctl(env, log, "train", "--bank", CORPUS, *TRAIN_ARGS))
     wall = time.perf_counter() - t0
     info = json.loads(memctl(env, log, "info", "--bank", CORPUS, "--json"))
-    seconds, tokens = unit_seconds(info), corpus_tokens(home, CORPUS, SUBTREE)
+    runs = [r for r in info["runs"] if r["status"] == "done"]
+    seconds, tokens = unit_seconds(runs), corpus_tokens(home, CORPUS, SUBTREE)
     result = {
         "cpu": cpu_name(),
         "corpus": CORPUS,
@@ -98,5 +99,4 @@ def ratio(row: dict[str, Any], base: dict[str, Any] | None) -> float | None:
     """A row's unit seconds per corpus token against the baseline's (None without either)."""
     if not base or not row.get("corpus_tokens"):
         return None
-    seconds = sum(u.get("seconds") or 0.0 for u in row.get("units", []))
-    return 1000 * seconds / row["corpus_tokens"] / base["seconds_per_1k"]
+    return 1000 * unit_seconds(row.get("units", [])) / row["corpus_tokens"] / base["seconds_per_1k"]
