@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from memctl.model import memory
 from memctl.model.anchor import attach, decoder_layers
 from memctl.model.memory import Fetched, LevelFetch, block_generator, init_block, memory_delta
 
@@ -118,9 +120,14 @@ def test_gradients_reach_only_fetched_blocks_and_never_the_anchor(tiny_anchor: P
     handle.detach()
 
 
-def test_rows_in_runs_give_what_scattered_rows_give(tiny_anchor: Path) -> None:
+@pytest.mark.parametrize("fuse", [0, memory.FUSE_RATIO])
+def test_rows_in_runs_give_what_scattered_rows_give(
+    tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch, fuse: int
+) -> None:
     """A batch whose rows sit in runs by block (a training batch, sorted by path) takes split and
-    concatenate; the same rows scattered take gather and scatter: the same delta and gradients."""
+    concatenate; the same rows scattered take gather and scatter: the same delta and gradients. Block by
+    block (fuse 0) and as one widened FFN alike."""
+    monkeypatch.setattr(memory, "FUSE_RATIO", fuse)
     model = _model(tiny_anchor)
     act = decoder_layers(model)[0].mlp.act_fn
     d = model.config.hidden_size
@@ -160,3 +167,58 @@ def test_training_batches_hold_each_blocks_rows_in_one_run() -> None:
             blocks = [samples[i].path[level] for i in batch]
             index = torch.tensor(blocks)
             assert LevelFetch(*(torch.zeros(1),) * 3, index=index).runs(index) is not None, blocks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_widened_ffn_equals_block_by_block(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    """A batch run as one widened FFN (every block its rows fetch, each row's other neurons masked) gives
+    each row the delta and every block the gradient that block-by-block gives: two levels of different
+    ranks, a row that fetches nothing at one level, a block no row fetches, fp32 blocks under bf16
+    activations. The widened weights are made once per forward pass and serve every memory layer."""
+    g = torch.Generator().manual_seed(11)
+    d, n_layers = 16, 3
+    parts = [
+        [(torch.randn(u, n_layers, r, d, generator=g) * 0.2).requires_grad_(True) for _ in range(3)]
+        for u, r in ((2, 4), (5, 2))
+    ]
+    index = [torch.tensor([0, 0, 1, 1, 0]), torch.tensor([3, -1, 0, 0, 4])]  # level 2: blocks 1 and 2 unused
+    x = torch.randn(5, 7, d, generator=g).to(dtype).requires_grad_(True)
+
+    def run(fuse: int) -> tuple[list[torch.Tensor], list[torch.Tensor], Fetched]:
+        monkeypatch.setattr(memory, "FUSE_RATIO", fuse)
+        fetched = Fetched([LevelFetch(*p, index=i) for p, i in zip(parts, index, strict=True)], 5)
+        outs = [memory_delta(x, fetched, slot, torch.nn.functional.silu) for slot in range(n_layers)]
+        loss = sum((o.float() * torch.linspace(-1, 1, d)).sum() for o in outs)
+        grads = torch.autograd.grad(loss, [x] + [t for p in parts for t in p])
+        return outs, list(grads), fetched
+
+    fused_out, fused_grads, fetched = run(memory.FUSE_RATIO)
+    plain_out, plain_grads, plain = run(0)
+    (widened,) = fetched._fused.values()
+    assert widened is not None and widened.rank == 2 * 4 + 3 * 2 and widened.gate_up[0].dtype == dtype
+    assert widened.mask is not None and widened.mask[1].sum() == 4  # row 1: its level-1 block only
+    assert list(plain._fused.values()) == [None]
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    for a, b in zip(fused_out, plain_out, strict=True):
+        torch.testing.assert_close(a, b, **tol)
+    for a, b in zip(fused_grads, plain_grads, strict=True):
+        torch.testing.assert_close(a, b, **tol)
+    unused = fused_grads[1 + 3 :]  # level 2's gate, up, down
+    assert all(t[1:3].abs().max() == 0 and t[[0, 3, 4]].abs().max() > 0 for t in unused)
+
+
+def test_a_batch_of_many_blocks_runs_block_by_block() -> None:
+    """When the blocks a batch fetches hold more than FUSE_RATIO times the neurons one row fetches (an
+    evaluation batch across many leaves), the batch runs block by block: no widened FFN of them all."""
+    g = torch.Generator().manual_seed(2)
+    n = memory.FUSE_RATIO + 2
+    level = LevelFetch(*(torch.randn(n, 1, 3, 8, generator=g) for _ in range(3)), index=torch.arange(n))
+    fetched = Fetched([level], n)
+    x = torch.randn(n, 4, 8, generator=g)
+    act = torch.nn.functional.silu
+    out = memory_delta(x, fetched, 0, act)
+    assert list(fetched._fused.values()) == [None]
+    for row in range(n):
+        one = slice(row, row + 1)
+        alone = Fetched([LevelFetch(level.gate[one], level.up[one], level.down[one], torch.tensor([0]))], 1)
+        torch.testing.assert_close(out[one], memory_delta(x[one], alone, 0, act))

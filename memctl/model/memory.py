@@ -8,6 +8,11 @@ neurons onto the anchor FFN's inner dimension:
 
 Every sample in a batch may fetch different blocks: a LevelFetch holds the U distinct blocks of
 one level used by the batch, stacked, and `index` maps each sample to one of them (or -1: none).
+
+A batch whose rows fetch few distinct blocks (a training batch: one level-1 block and a few of its
+children) runs every memory layer as one widened FFN: the neurons of all the blocks its rows fetch,
+concatenated once per forward pass (and cast to the activations' dtype once), with a mask that zeroes
+each row's neurons of blocks it does not fetch. Three matmuls per layer, whatever the batch's paths.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ import torch
 
 Act = Callable[[torch.Tensor], torch.Tensor]
 PARTS = ("gate", "up", "down")
+# a batch runs as one widened FFN (`_Fused`) while the neurons of all the blocks its rows fetch are at most
+# this many times the neurons one row fetches (the masked rest is wasted compute); beyond, block by block
+FUSE_RATIO = 4
 
 
 @dataclass
@@ -63,6 +71,18 @@ class LevelFetch:
 
 
 @dataclass
+class _Fused:
+    """The blocks a batch fetches as one widened FFN: per memory layer, gate and up rows stacked (2R, d)
+    and down (R, d), in the activations' dtype; `mask` (rows, R) 1 where a row fetches the neuron, None
+    when every row fetches every neuron."""
+
+    gate_up: list[torch.Tensor]
+    down: list[torch.Tensor]
+    mask: torch.Tensor | None
+    rank: int
+
+
+@dataclass
 class Fetched:
     """What one forward pass uses: the fetched blocks of each level for each sample."""
 
@@ -71,6 +91,12 @@ class Fetched:
     # int8 serving: (rows of the batch, the int8 pack of the blocks those rows fetch, every level
     # concatenated); forward passes then use these instead of `levels`
     packed: list[tuple[torch.Tensor, Packed]] | None = None
+    # (rows, dtype, device) -> the widened FFN (None: block by block), made at the first memory layer of a
+    # forward pass and reused by the others; a Fetched serves one forward pass (or one generation) of
+    # weights that do not change meanwhile
+    _fused: dict[tuple[int, torch.dtype, torch.device], _Fused | None] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def rows_per_sample(self, rows: int) -> int:
         """How many rows of a batch of `rows` each sample has (beams, several samples per prompt,
@@ -156,10 +182,21 @@ def _packed_delta(x: torch.Tensor, fetched: Fetched, slot: int, act: Act) -> tor
 def memory_delta(x: torch.Tensor, fetched: Fetched, slot: int, act: Act) -> torch.Tensor:
     """Extra FFN output of the fetched neurons at memory layer `slot`. x: (B, T, d) -> (B, T, d).
 
-    Rows are grouped by the block they fetch: one plain matmul per distinct block of a level, on
-    that block's own weights (no per-row copy of the weights, and one weight gradient per block)."""
+    A batch whose rows fetch few distinct blocks runs as one widened FFN (`_fuse`). Otherwise rows are
+    grouped by the block they fetch: one plain matmul per distinct block of a level, on that block's
+    own weights (no per-row copy of the weights, and one weight gradient per block)."""
     if fetched.packed is not None:
         return _packed_delta(x, fetched, slot, act)
+    key = (int(x.shape[0]), x.dtype, x.device)
+    if key not in fetched._fused:
+        fetched._fused[key] = _fuse(fetched, *key)
+    fused = fetched._fused[key]
+    if fused is not None:
+        h = x @ fused.gate_up[slot].T
+        a = act(h[..., : fused.rank]) * h[..., fused.rank :]
+        if fused.mask is not None:
+            a = a * fused.mask.view(fused.mask.shape[0], *([1] * (x.dim() - 2)), fused.rank)
+        return a @ fused.down[slot]
     delta: torch.Tensor | None = None
     for lv in fetched.levels:
         blocks = lv.weights(slot)
@@ -186,6 +223,52 @@ def memory_delta(x: torch.Tensor, fetched: Fetched, slot: int, act: Act) -> torc
                 out = _ffn(x.index_select(0, rows), blocks[b], act)
                 delta = (torch.zeros_like(x) if delta is None else delta).index_add(0, rows, out)
     return torch.zeros_like(x) if delta is None else delta
+
+
+def _fuse(fetched: Fetched, rows: int, dtype: torch.dtype, device: torch.device) -> _Fused | None:
+    """The blocks the batch's rows fetch, every level, as one widened FFN (`_Fused`); None when that would
+    compute more than FUSE_RATIO times the neurons a row fetches, or when no row fetches anything.
+
+    One copy of the fetched weights per forward pass: in training, the backward pass then writes each
+    block's gradient once, not once per layer and block."""
+    gates, ups, downs, masks = [], [], [], []
+    per_row = 0
+    for lv in fetched.levels:
+        index = fetched.row_index(lv, rows).cpu()
+        used = sorted({b for b in index.tolist() if b >= 0})
+        if not used:
+            continue
+        n, r = lv.gate.shape[0], lv.gate.shape[2]
+        pick = None if len(used) == n else torch.tensor(used, device=lv.gate.device)
+        gates.append(_columns(lv.gate, pick))
+        ups.append(_columns(lv.up, pick))
+        downs.append(_columns(lv.down, pick))
+        position = torch.full((n,), -1, dtype=torch.long)
+        position[torch.tensor(used)] = torch.arange(len(used))
+        own = torch.where(index >= 0, position[index.clamp_min(0)], -1)  # each row's block among `used`
+        masks.append((own[:, None] == torch.arange(len(used))[None, :]).repeat_interleave(r, dim=1))
+        per_row += r
+    if not gates:
+        return None
+    rank = sum(g.shape[1] for g in gates)
+    if rank > FUSE_RATIO * per_row:
+        return None
+    gate_up = torch.cat(gates + ups, dim=1).to(device=device, dtype=dtype)  # (L, 2R, d)
+    down = torch.cat(downs, dim=1).to(device=device, dtype=dtype)  # (L, R, d)
+    mask = torch.cat(masks, dim=1)
+    return _Fused(
+        list(gate_up.unbind(0)),
+        list(down.unbind(0)),
+        None if bool(mask.all()) else mask.to(device=device, dtype=dtype),
+        rank,
+    )
+
+
+def _columns(t: torch.Tensor, pick: torch.Tensor | None) -> torch.Tensor:
+    """(U, L, r, d) stacked blocks -> (L, n * r, d): the `pick`ed blocks' neurons (None: all) side by side."""
+    t = t if pick is None else t.index_select(0, pick)
+    n, n_layers, r, d = t.shape
+    return t.transpose(0, 1).reshape(n_layers, n * r, d)
 
 
 def _ffn(x: torch.Tensor, block: tuple[torch.Tensor, torch.Tensor, torch.Tensor], act: Act) -> torch.Tensor:
