@@ -23,6 +23,7 @@ from memctl.train.sections import window_openings
 from memctl.train.study import (
     STUDY,
     pick_seeds,
+    sample_continuations,
     seeds_for,
     subject_of,
     teacher_context,
@@ -406,3 +407,41 @@ def test_continuations_take_turns_across_epochs_with_study_per_epoch(
     prepare_pool(reg, anchor, None, 64)
     turns = preserve_samples(reg, "0", 1.0, samples, 0, 64, 2)
     assert len(turns) < len(preserve_samples(reg, "0", 1.0, samples, 0, 64))
+
+
+def test_windows_sampled_together_get_what_each_gets_alone(tiny_anchor: Path, home: Path) -> None:
+    """Self-study samples several windows' continuations as one batch (their KV caches left-padded and
+    stacked): each window's continuations, top-k and hidden states are those it gets sampled alone, with
+    its own generator; windows of different lengths, seed counts, and one with no seed."""
+    anchor = load_anchor(str(tiny_anchor), home)
+    tok = anchor.tokenizer
+    texts = [
+        "Neon is a noble gas found in air.",
+        "Quorvane Systems, founded in 1985 by Nesisca Gormick, builds tide gauges in Port Elling for harbours.",
+        "Nothing to ask.",
+        "Argon.",
+    ]
+
+    def asked() -> list[tuple[str, list, torch.Generator]]:
+        return [
+            (
+                t,
+                [] if i == 2 else pick_seeds(seeds_for(tok, subject_of("", t)), 2 + i % 2),
+                torch.Generator().manual_seed(i),
+            )
+            for i, t in enumerate(texts)
+        ]
+
+    kw = {"max_tokens": 12, "temperature": 1.0, "layers": (1,)}
+    together = sample_continuations(anchor, asked(), TEACHER_SEPARATOR, **kw)
+    alone = [sample_continuations(anchor, [one], TEACHER_SEPARATOR, **kw)[0] for one in asked()]
+    assert [len(c) for c in together] == [len(c) for c in alone] and together[2] == []
+    assert sum(len(c) for c in together) >= 5
+    for mine, own in zip(together, alone, strict=True):
+        for a, b in zip(mine, own, strict=True):
+            assert a.seed == b.seed and a.ids == b.ids and a.n_prompt == b.n_prompt
+            assert len(a.ids) > a.n_prompt
+            np.testing.assert_array_equal(a.topk_idx, b.topk_idx)
+            np.testing.assert_allclose(a.topk_logp, b.topk_logp, atol=1e-4)
+            assert a.hidden is not None and b.hidden is not None
+            np.testing.assert_allclose(a.hidden.astype(np.float32), b.hidden.astype(np.float32), atol=1e-2)

@@ -18,7 +18,6 @@ pass per sampled token for the whole window.
 
 from __future__ import annotations
 
-import copy
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
 
 from ..build.embed import get_embedder
 from ..build.routing import route_prompts
@@ -39,6 +39,7 @@ from .kinds import STUDY
 from .sections import subjects, window_openings
 
 TOPK = 16  # as memctl.train.distill.TOPK: the student's loss reads the same shape
+STUDY_WINDOWS = 8  # windows whose continuations are sampled together, one forward pass per token for all
 STUDY_TOKENS = 40  # tokens sampled per continuation
 # low: with the window in its context at 0.7, the 135M anchor drifted into invented biographies; at 0.3 it
 # stayed with the window's facts; the seeds, one question each, give the variety
@@ -152,43 +153,52 @@ def _end_ids(tok: Any) -> list[int]:
 @torch.no_grad()
 def sample_continuations(
     anchor: Anchor,
-    window: str,
+    windows: Sequence[tuple[str, Sequence[Seed], torch.Generator]],
     separator: str,
-    seeds: Sequence[Seed],
-    generator: torch.Generator,
     max_tokens: int = STUDY_TOKENS,
     temperature: float = TEMPERATURE,
     layers: Sequence[int] = (),
-) -> list[Continuation]:
-    """One continuation per seed, sampled as one batch on the window's shared KV cache.
+) -> list[list[Continuation]]:
+    """For each (window, seeds, generator): one continuation per seed. All the windows' rows are sampled as
+    one batch, one forward pass per sampled token, each window on its own shared KV cache.
 
-    The teacher reads `teacher_context`: a prefix holding the window, computed once, then each seed's
-    suffix. Suffixes are left-padded, with explicit positions, so every row continues right after
-    the prefix; a row stops at an end token (kept as the position after its last token) or after
-    `max_tokens`. The student's input is the seed's own text followed by the continuation. With `layers`,
-    the outputs of those decoder layers are kept at the same positions as the top-k."""
+    The teacher reads `teacher_context`: a prefix holding the window, read once per window, then each
+    seed's suffix. The windows' caches are left-padded to the longest and stacked, one copy per seed;
+    suffixes are left-padded, with explicit positions, so every row continues right after its own
+    window. A row stops at an end token (kept as the position after its last token) or after
+    `max_tokens`. Each window's rows draw from its own generator, as they would sampled alone. The
+    student's input is the seed's own text followed by the continuation. With `layers`, the outputs of
+    those decoder layers are kept at the same positions as the top-k."""
     tok, model = anchor.tokenizer, anchor.model
-    prefix, suffixes = teacher_context(tok, window, seeds, separator)
-    w_ids = tok(prefix, add_special_tokens=False, return_tensors="pt")["input_ids"]
-    (w,) = on_model(model, w_ids)
-    n_w = w.shape[1]
-    cache = model(input_ids=w, use_cache=True).past_key_values  # the window, once
-    s_ids = [tok(x, add_special_tokens=False)["input_ids"] for x in suffixes]
-    b, t = len(seeds), max(len(x) for x in s_ids)
+    todo = [(i, w, list(seeds), gen) for i, (w, seeds, gen) in enumerate(windows) if seeds]
+    made: list[list[Continuation]] = [[] for _ in windows]
+    if not todo:
+        return made
+    caches, n_ws, s_ids, groups = [], [], [], []  # groups: (first row, rows, generator) per window
+    for _, window, seeds, gen in todo:
+        prefix, suffixes = teacher_context(tok, window, seeds, separator)
+        (w,) = on_model(model, tok(prefix, add_special_tokens=False, return_tensors="pt")["input_ids"])
+        caches.append(model(input_ids=w, use_cache=True).past_key_values)  # the window, once
+        n_ws.append(w.shape[1])
+        groups.append((len(s_ids), len(seeds), gen))
+        s_ids += [tok(x, add_special_tokens=False)["input_ids"] for x in suffixes]
+    n_w, b, t = max(n_ws), len(s_ids), max(len(x) for x in s_ids)
+    c = _stacked(model, caches, n_ws, [n for _, n, _ in groups], n_w)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     ids = torch.full((b, t), pad, dtype=torch.long)
     mask = torch.zeros((b, n_w + t), dtype=torch.long)
-    mask[:, :n_w] = 1
     pos = torch.zeros((b, t), dtype=torch.long)
-    for i, x in enumerate(s_ids):
-        ids[i, t - len(x) :] = torch.tensor(x)
-        mask[i, n_w + t - len(x) :] = 1
-        pos[i, t - len(x) :] = torch.arange(n_w, n_w + len(x))
-    c = copy.deepcopy(cache)
-    c.batch_repeat_interleave(b)
-    ends = torch.tensor(_end_ids(tok), dtype=torch.long)
-    banned = [i for i in tok.all_special_ids if i not in set(ends.tolist())]
-    next_pos = torch.tensor([n_w + len(x) for x in s_ids])
+    next_pos = torch.zeros(b, dtype=torch.long)
+    for (first, rows, _), own in zip(groups, n_ws, strict=True):
+        for i in range(first, first + rows):
+            x = s_ids[i]
+            ids[i, t - len(x) :] = torch.tensor(x)
+            mask[i, n_w - own : n_w] = 1  # the window's own cache, after its left padding
+            mask[i, n_w + t - len(x) :] = 1
+            pos[i, t - len(x) :] = torch.arange(own, own + len(x))
+            next_pos[i] = own + len(x)
+    ends = _end_ids(tok)
+    banned = [i for i in tok.all_special_ids if i not in set(ends)]
     out_ids: list[list[int]] = [[] for _ in range(b)]
     tops: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(b)]
     hids: list[list[torch.Tensor]] = [[] for _ in range(b)]
@@ -212,11 +222,16 @@ def sample_continuations(
             scaled = logits.cpu() / temperature
             if banned:
                 scaled[:, banned] = float("-inf")
-            nxt = torch.multinomial(F.softmax(scaled, -1), 1, generator=generator).squeeze(1)  # (B,)
+            probs = F.softmax(scaled, -1)
+            nxt = torch.full((b,), pad, dtype=torch.long)
+            for first, rows, gen in groups:
+                part = slice(first, first + rows)
+                if not bool(done[part].all()):  # a window sampled alone stops drawing once all its rows end
+                    nxt[part] = torch.multinomial(probs[part], 1, generator=gen).squeeze(1)
             for i in range(b):
                 if done[i]:
                     continue
-                if int(nxt[i]) in ends.tolist():
+                if int(nxt[i]) in ends:
                     done[i] = True  # its last top-k row is the position that predicts the end
                 else:
                     out_ids[i].append(int(nxt[i]))
@@ -224,24 +239,39 @@ def sample_continuations(
             step_pos = next_pos.unsqueeze(1).clone()
             next_pos += 1
             mask = torch.cat([mask, torch.ones((b, 1), dtype=torch.long)], dim=1)
-    made = []
-    for i, s in enumerate(seeds):
-        m = len(out_ids[i])
-        if m == 0:
-            continue
-        rows = tops[i][: m + 1]
-        student = tok(s.text, add_special_tokens=False)["input_ids"]
-        made.append(
-            Continuation(
-                s,
-                student + out_ids[i],
-                len(student),
-                torch.stack([r[0] for r in rows]).numpy(),
-                torch.stack([r[1] for r in rows]).numpy().astype(np.float32),
-                torch.stack(hids[i][: m + 1]).numpy() if layers else None,
+    for (k, _, seeds, _), (first, _, _) in zip(todo, groups, strict=True):
+        for j, s in enumerate(seeds):
+            i = first + j
+            m = len(out_ids[i])
+            if m == 0:
+                continue
+            rows_ = tops[i][: m + 1]
+            student = tok(s.text, add_special_tokens=False)["input_ids"]
+            made[k].append(
+                Continuation(
+                    s,
+                    student + out_ids[i],
+                    len(student),
+                    torch.stack([r[0] for r in rows_]).numpy(),
+                    torch.stack([r[1] for r in rows_]).numpy().astype(np.float32),
+                    torch.stack(hids[i][: m + 1]).numpy() if layers else None,
+                )
             )
-        )
     return made
+
+
+def _stacked(model: Any, caches: list[Any], lengths: list[int], copies: list[int], n: int) -> DynamicCache:
+    """One KV cache of the windows' caches, each left-padded with zeros to `n` positions (the attention
+    mask hides them) and repeated `copies` times, in order."""
+    out = DynamicCache(config=model.config)
+    for layer in range(len(caches[0].layers)):
+        keys, values = [], []
+        for cache, length, k in zip(caches, lengths, copies, strict=True):
+            kv = cache.layers[layer]
+            keys.append(F.pad(kv.keys, (0, 0, n - length, 0)).expand(k, -1, -1, -1))
+            values.append(F.pad(kv.values, (0, 0, n - length, 0)).expand(k, -1, -1, -1))
+        out.update(torch.cat(keys), torch.cat(values), layer)
+    return out
 
 
 def ground(tok: Any, ct: Continuation, window: str) -> Continuation | None:
@@ -319,54 +349,74 @@ def add_study(
     if not rows:
         return 0, 0.0
     tok = anchor.tokenizer
-    nearest = reg.config.routing == "nearest"
-    embedder = None if nearest else get_embedder(reg.config.embedder)
-    tree = None if nearest else reg.load_tree()
+    router = None if reg.config.routing == "nearest" else (get_embedder(reg.config.embedder), reg.load_tree())
     seed_base = int(reg.config.seed)
-    total, tokens = 0, 0
+    total = 0
     starts = window_openings(reg, {r["doc_id"] for r in rows})
-    for n, r in enumerate(rows):
-        seeds = window_seeds(tok, r["title"] or "", r["text"], per_window, starts[int(r["id"])])
-        gen = torch.Generator().manual_seed(seed_base * 1_000_003 + int(r["id"]))  # per window: resumable
-        conts = sample_continuations(anchor, r["text"], separator, seeds, gen, layers=layers)
-        if grounded:
-            conts = [c for c in (ground(tok, ct, r["text"]) for ct in conts) if c is not None]
-        made: list[dict[str, Any]] = []
-        for ct in conts:
-            made.append(
-                {
-                    "window_id": r["id"],
-                    "doc_id": r["doc_id"],
-                    "kind": STUDY,
-                    "text": ct.seed.text,
-                    "answer": tok.decode(ct.ids[ct.n_prompt :], skip_special_tokens=True).strip(),
-                    "held_out": 0,
-                    "ids": np.asarray(ct.ids, np.int32).tobytes(),
-                    "n_prompt": ct.n_prompt,
-                    "topk_idx": ct.topk_idx.astype(np.int32).tobytes(),
-                    "topk_logp": ct.topk_logp.astype(np.float32).tobytes(),
-                    "hidden": ct.hidden.astype(np.float16).tobytes() if ct.hidden is not None else None,
-                }
+    for first in range(0, len(rows), STUDY_WINDOWS):
+        chunk = rows[first : first + STUDY_WINDOWS]
+        asked = [
+            (
+                r["text"],
+                window_seeds(tok, r["title"] or "", r["text"], per_window, starts[int(r["id"])]),
+                torch.Generator().manual_seed(seed_base * 1_000_003 + int(r["id"])),  # per window: resumable
             )
-            tokens += len(ct.ids) - ct.n_prompt
-        if made:
-            if nearest:  # the window's own path: the seed names the document, not the window
-                paths = [r["path"]] * len(made)
-            else:
-                assert embedder is not None
-                routed = route_prompts(
-                    reg, embedder.encode([ct.seed.query for ct in conts]), [r["doc_id"]] * len(conts), tree
-                )
-                paths = [",".join(map(str, path)) for path in routed]
-            for m, path in zip(made, paths, strict=True):
-                m["path"] = path
-                m["l1"] = int(path.split(",")[0])
-        with reg.db.atomic():  # one window at a time: an interrupted run resumes at the next window
-            reg.db.execute("delete from prompts where kind = ? and window_id = ?", [STUDY, r["id"]])
-            if made:
-                reg.db["prompts"].insert_all(made, batch_size=1000)
-            reg.db.execute("update windows set studied = ? where id = ?", [per_window, r["id"]])
-        total += len(made)
-        if progress:
-            progress("self-study", n + 1, len(rows))
+            for r in chunk
+        ]
+        sampled = sample_continuations(anchor, asked, separator, layers=layers)
+        for n, r, conts in zip(range(first, first + len(chunk)), chunk, sampled, strict=True):
+            total += _store(reg, tok, r, conts, per_window, grounded, router)
+            if progress:
+                progress("self-study", n + 1, len(rows))
     return total, time.perf_counter() - t0
+
+
+def _store(
+    reg: Registry,
+    tok: Any,
+    r: dict[str, Any],
+    conts: list[Continuation],
+    per_window: int,
+    grounded: bool,
+    router: tuple[Any, Any] | None,
+) -> int:
+    """One window's continuations (cut where they invent, with `grounded`) as its `study` prompts, in place
+    of its earlier ones, in one transaction: an interrupted run resumes at the next window. Under nearest
+    routing (`router` None) they train on the window's own path; otherwise (embedder, tree) routes each
+    from its seed. Returns how many."""
+    if grounded:
+        conts = [c for c in (ground(tok, ct, r["text"]) for ct in conts) if c is not None]
+    made: list[dict[str, Any]] = [
+        {
+            "window_id": r["id"],
+            "doc_id": r["doc_id"],
+            "kind": STUDY,
+            "text": ct.seed.text,
+            "answer": tok.decode(ct.ids[ct.n_prompt :], skip_special_tokens=True).strip(),
+            "held_out": 0,
+            "ids": np.asarray(ct.ids, np.int32).tobytes(),
+            "n_prompt": ct.n_prompt,
+            "topk_idx": ct.topk_idx.astype(np.int32).tobytes(),
+            "topk_logp": ct.topk_logp.astype(np.float32).tobytes(),
+            "hidden": ct.hidden.astype(np.float16).tobytes() if ct.hidden is not None else None,
+        }
+        for ct in conts
+    ]
+    if made:
+        if router is None:  # the window's own path: the seed names the document, not the window
+            paths = [r["path"]] * len(made)
+        else:
+            embedder, tree = router
+            routed = route_prompts(
+                reg, embedder.encode([ct.seed.query for ct in conts]), [r["doc_id"]] * len(conts), tree
+            )
+            paths = [",".join(map(str, path)) for path in routed]
+        for m, path in zip(made, paths, strict=True):
+            m["path"] = path
+            m["l1"] = int(path.split(",")[0])
+    with reg.db.atomic():
+        reg.db.execute("delete from prompts where kind = ? and window_id = ?", [STUDY, r["id"]])
+        if made:
+            reg.db["prompts"].insert_all(made, batch_size=1000)
+        reg.db.execute("update windows set studied = ? where id = ?", [per_window, r["id"]])
+    return len(made)
