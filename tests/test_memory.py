@@ -120,14 +120,14 @@ def test_gradients_reach_only_fetched_blocks_and_never_the_anchor(tiny_anchor: P
     handle.detach()
 
 
-@pytest.mark.parametrize("fuse", [0, memory.FUSE_RATIO])
+@pytest.mark.parametrize("fuse", [-1, memory.FUSE_WASTE])
 def test_rows_in_runs_give_what_scattered_rows_give(
     tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch, fuse: int
 ) -> None:
     """A batch whose rows sit in runs by block (a training batch, sorted by path) takes split and
     concatenate; the same rows scattered take gather and scatter: the same delta and gradients. Block by
-    block (fuse 0) and as one widened FFN alike."""
-    monkeypatch.setattr(memory, "FUSE_RATIO", fuse)
+    block (fuse -1) and as one widened FFN alike."""
+    monkeypatch.setattr(memory, "FUSE_WASTE", fuse)
     model = _model(tiny_anchor)
     act = decoder_layers(model)[0].mlp.act_fn
     d = model.config.hidden_size
@@ -185,15 +185,15 @@ def test_widened_ffn_equals_block_by_block(monkeypatch: pytest.MonkeyPatch, dtyp
     x = torch.randn(5, 7, d, generator=g).to(dtype).requires_grad_(True)
 
     def run(fuse: int) -> tuple[list[torch.Tensor], list[torch.Tensor], Fetched]:
-        monkeypatch.setattr(memory, "FUSE_RATIO", fuse)
+        monkeypatch.setattr(memory, "FUSE_WASTE", fuse)
         fetched = Fetched([LevelFetch(*p, index=i) for p, i in zip(parts, index, strict=True)], 5)
         outs = [memory_delta(x, fetched, slot, torch.nn.functional.silu) for slot in range(n_layers)]
         loss = sum((o.float() * torch.linspace(-1, 1, d)).sum() for o in outs)
         grads = torch.autograd.grad(loss, [x] + [t for p in parts for t in p])
         return outs, list(grads), fetched
 
-    fused_out, fused_grads, fetched = run(memory.FUSE_RATIO)
-    plain_out, plain_grads, plain = run(0)
+    fused_out, fused_grads, fetched = run(memory.FUSE_WASTE)
+    plain_out, plain_grads, plain = run(-1)
     (widened,) = fetched._fused.values()
     assert widened is not None and widened.rank == 2 * 4 + 3 * 2 and widened.gate_up[0].dtype == dtype
     assert widened.mask is not None and widened.mask[1].sum() == 4  # row 1: its level-1 block only
@@ -208,11 +208,12 @@ def test_widened_ffn_equals_block_by_block(monkeypatch: pytest.MonkeyPatch, dtyp
 
 
 def test_a_batch_of_many_blocks_runs_block_by_block() -> None:
-    """When the blocks a batch fetches hold more than FUSE_RATIO times the neurons one row fetches (an
-    evaluation batch across many leaves), the batch runs block by block: no widened FFN of them all."""
+    """When each row would compute more than FUSE_WASTE neurons of blocks it does not fetch (a batch across
+    many leaves, or blocks of large ranks), the batch runs block by block: no widened FFN of them all."""
     g = torch.Generator().manual_seed(2)
-    n = memory.FUSE_RATIO + 2
-    level = LevelFetch(*(torch.randn(n, 1, 3, 8, generator=g) for _ in range(3)), index=torch.arange(n))
+    r = 8
+    n = memory.FUSE_WASTE // r + 2
+    level = LevelFetch(*(torch.randn(n, 1, r, 8, generator=g) for _ in range(3)), index=torch.arange(n))
     fetched = Fetched([level], n)
     x = torch.randn(n, 4, 8, generator=g)
     act = torch.nn.functional.silu

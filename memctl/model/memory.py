@@ -27,9 +27,12 @@ import torch
 
 Act = Callable[[torch.Tensor], torch.Tensor]
 PARTS = ("gate", "up", "down")
-# a batch runs as one widened FFN (`_Fused`) while the neurons of all the blocks its rows fetch are at most
-# this many times the neurons one row fetches (the masked rest is wasted compute); beyond, block by block
-FUSE_RATIO = 4
+# a batch runs as one widened FFN (`_Fused`) while the neurons of all the blocks its rows fetch exceed the
+# neurons one row fetches by at most this many (each row computes the others, masked, for nothing); beyond,
+# block by block. Measured on training batches (docs/corpora.md): fictional's (ranks 64/32, four level-2
+# blocks: 96 neurons more than a row's 96) ran 1.2x as fast widened; foldoc's (168/80: 240 more than 248)
+# no faster than block by block
+FUSE_WASTE = 128
 
 
 @dataclass
@@ -38,8 +41,8 @@ class LevelFetch:
     up: torch.Tensor  # (U, L, r, d)
     down: torch.Tensor  # (U, L, r, d)
     index: torch.Tensor  # (B,) long, into U; -1 = this sample fetches nothing at this level
-    _views: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] | None = field(
-        default=None, repr=False, compare=False
+    _views: dict[tuple[torch.dtype, torch.device], list[list[tuple[torch.Tensor, torch.Tensor]]]] = field(
+        default_factory=dict, repr=False, compare=False
     )
     _runs: dict[int, list[tuple[int, int]] | None] = field(default_factory=dict, repr=False, compare=False)
 
@@ -58,16 +61,22 @@ class LevelFetch:
             self._runs[key] = list(zip(vs, counts.tolist(), strict=True)) if len(set(vs)) == len(vs) else None
         return self._runs[key]
 
-    def weights(self, slot: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Per block, its (gate, up, down) at memory layer `slot`, each (r, d).
+    def weights(self, slot: int, dtype: torch.dtype, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per block, at memory layer `slot`: its gate and up rows stacked (2r, d) and its down (r, d), in
+        `dtype` on `device`.
 
-        Views made once per fetch: in training, the backward pass then writes each stacked
-        (U, L, r, d) gradient once. Indexing the stacked tensors per layer would make autograd write
-        a zero-filled gradient of the whole stack for every layer and every block it used."""
-        if self._views is None:
-            parts = [[s.unbind(0) for s in t.unbind(1)] for t in (self.gate, self.up, self.down)]
-            self._views = [list(zip(*(p[slot] for p in parts), strict=True)) for slot in range(self.gate.shape[1])]
-        return self._views[slot]
+        Cast once per fetch, and views of that one copy: in training, the backward pass then writes each
+        stacked (U, L, r, d) gradient once. Casting or indexing per layer would make autograd write a
+        gradient of the whole stack for every layer and every block it used."""
+        key = (dtype, device)
+        if key not in self._views:
+            gate_up = torch.cat([self.gate, self.up], dim=2).to(device=device, dtype=dtype)  # (U, L, 2r, d)
+            down = self.down.to(device=device, dtype=dtype)
+            self._views[key] = [
+                list(zip(gu.unbind(0), dn.unbind(0), strict=True))
+                for gu, dn in zip(gate_up.unbind(1), down.unbind(1), strict=True)
+            ]
+        return self._views[key][slot]
 
 
 @dataclass
@@ -199,7 +208,7 @@ def memory_delta(x: torch.Tensor, fetched: Fetched, slot: int, act: Act) -> torc
         return a @ fused.down[slot]
     delta: torch.Tensor | None = None
     for lv in fetched.levels:
-        blocks = lv.weights(slot)
+        blocks = lv.weights(slot, x.dtype, x.device)
         if lv.shared():
             out = _ffn(x, blocks[0], act)
             delta = out if delta is None else delta + out
@@ -226,8 +235,8 @@ def memory_delta(x: torch.Tensor, fetched: Fetched, slot: int, act: Act) -> torc
 
 
 def _fuse(fetched: Fetched, rows: int, dtype: torch.dtype, device: torch.device) -> _Fused | None:
-    """The blocks the batch's rows fetch, every level, as one widened FFN (`_Fused`); None when that would
-    compute more than FUSE_RATIO times the neurons a row fetches, or when no row fetches anything.
+    """The blocks the batch's rows fetch, every level, as one widened FFN (`_Fused`); None when each row would
+    compute more than FUSE_WASTE neurons it does not fetch, or when no row fetches anything.
 
     One copy of the fetched weights per forward pass: in training, the backward pass then writes each
     block's gradient once, not once per layer and block."""
@@ -251,7 +260,7 @@ def _fuse(fetched: Fetched, rows: int, dtype: torch.dtype, device: torch.device)
     if not gates:
         return None
     rank = sum(g.shape[1] for g in gates)
-    if rank > FUSE_RATIO * per_row:
+    if rank - per_row > FUSE_WASTE:
         return None
     gate_up = torch.cat(gates + ups, dim=1).to(device=device, dtype=dtype)  # (L, 2R, d)
     down = torch.cat(downs, dim=1).to(device=device, dtype=dtype)  # (L, R, d)
@@ -271,10 +280,12 @@ def _columns(t: torch.Tensor, pick: torch.Tensor | None) -> torch.Tensor:
     return t.transpose(0, 1).reshape(n_layers, n * r, d)
 
 
-def _ffn(x: torch.Tensor, block: tuple[torch.Tensor, torch.Tensor, torch.Tensor], act: Act) -> torch.Tensor:
-    """One block's neurons at one layer: act(x G^T) * (x U^T) @ D, x (..., d), G/U/D (r, d)."""
-    g, u, dn = (w.to(device=x.device, dtype=x.dtype) for w in block)  # no copy when they match
-    return (act(x @ g.T) * (x @ u.T)) @ dn
+def _ffn(x: torch.Tensor, block: tuple[torch.Tensor, torch.Tensor], act: Act) -> torch.Tensor:
+    """One block's neurons at one layer: act(x G^T) * (x U^T) @ D, x (..., d), [G; U] (2r, d), D (r, d)."""
+    gate_up, down = block
+    h = x @ gate_up.T
+    r = down.shape[0]
+    return (act(h[..., :r]) * h[..., r:]) @ down
 
 
 def init_block(
