@@ -24,9 +24,11 @@ corpus at 1e-2), and ended below it. The ratio was 1.2 until a FOLDOC unit at 1e
 1.119x in epoch 2 and came back (1.810, 2.025, 2.028, 1.971, 1.917, ...): the guard never fired, and
 the unit left the text routed into its memories 45% more perplexing (unrelated text +11.8% with the
 gate on, against +1.6% to +2.4% for the unit restarted at half the rate). At 1.1 the three FOLDOC units
-at 1e-2 measured start over by epoch 3 (1.103x, 1.125x, 1.119x), while healthy units' epochs stay
-below 1.05x (fictional 1.044x, elements' cloze unit 1.047x before a spike of 1.21x that restarts it
-either way)."""
+at 1e-2 measured start over by epoch 3 (1.103x, 1.125x, 1.119x), while fictional's stays below (1.044x)
+and so does elements' cloze unit (1.047x before a spike of 1.21x that restarts it either way). Elements'
+self-study unit reached 1.100x in epoch 3 (1.704, 1.849, 1.875) and starts over too, for three epochs'
+time and the same probe scores; whether its drift harms text is not measured (no unrelated text passes
+the gate into it)."""
 
 from __future__ import annotations
 
