@@ -1,8 +1,11 @@
-"""A unit whose loss diverges starts over with half the learning rate, and resumes exactly."""
+"""A unit whose loss diverges or drifts goes back to the end of the last epoch that did not (or, before one
+has ended, starts over) with half the learning rate, and resumes exactly."""
 
 from __future__ import annotations
 
 import math
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +15,10 @@ import torch
 import memctl.train.loop as loop
 from memctl.build.ingest import ingest
 from memctl.registry import Registry
+from memctl.registry.checkpoints import checkpoint_path
 from memctl.train.checkpoint import TrainState, decode, encode
 from memctl.train.diverge import DIVERGED_RATIO, diverged, epoch_means, kind_counts
+from memctl.train.loop import TrainEvent
 from memctl.train.run import train
 
 
@@ -57,6 +62,30 @@ def test_the_restart_count_travels_in_the_checkpoint() -> None:
     assert decode(encode(state), Path("x"), "0").restarts == 2
 
 
+def test_the_mark_travels_in_the_checkpoint_and_shares_nothing_with_the_live_state() -> None:
+    def state(step: int, value: float) -> TrainState:
+        t = torch.full((2,), value)
+        opt = {"m": [t.clone()], "v": [t.clone()], "steps": [torch.ones(1)]}
+        return TrainState([t], opt, step, 10, {"kd": [value]}, {(1, 0): {"a": 3}}, [0.5], [], "0", 1.0, "{}", "cpu")
+
+    live = state(8, 2.0)
+    live.mark = state(4, 1.0).copy()
+    back = decode(encode(live), Path("x"), "0")
+    assert back.mark is not None and back.mark.step == 4 and back.mark.losses == {"kd": [1.0]}
+    assert torch.equal(back.mark.params[0], torch.ones(2)) and torch.equal(back.params[0], torch.full((2,), 2.0))
+    assert back.mark.seen == {(1, 0): {"a": 3}} and back.mark.mark is None
+    kept = back.mark.copy()
+    back.mark.params[0].add_(1.0)
+    back.mark.losses["kd"].append(9.0)
+    back.mark.seen[(1, 0)]["a"] = 7
+    assert torch.equal(kept.params[0], torch.ones(2)) and kept.losses == {"kd": [1.0]} and kept.seen[(1, 0)]["a"] == 3
+    assert decode(encode(state(3, 1.0)), Path("x"), "0").mark is None  # no mark, none read back
+    later = state(2, 1.0)
+    later.mark = state(5, 1.0)  # a mark later than its state is no earlier state of it
+    with pytest.raises(Exception, match="its mark is not an earlier state"):
+        decode(encode(later), Path("x"), "0")
+
+
 def _blocks(reg: Registry) -> dict[str, dict[str, torch.Tensor]]:
     return {r["id"]: reg.read_block(r) for r in reg.blocks("file is not null")}
 
@@ -95,6 +124,76 @@ def test_a_diverged_unit_starts_over_at_half_the_learning_rate_and_resumes_exact
     want = _blocks(banks["ref"])
     assert want and len(want) >= 2
     for name in ("cut", "half"):
+        got = _blocks(banks[name])
+        assert set(got) == set(want)
+        for bid in want:
+            for part in ("gate", "up", "down"):
+                assert torch.equal(got[bid][part], want[bid][part]), (name, bid, part)
+
+
+def test_a_unit_that_drifts_after_an_epoch_passed_goes_back_to_that_epochs_end_and_resumes_exactly(
+    home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fired = {"done": False}
+
+    def second(losses: dict[str, list[float]], counts: Any, epoch: int) -> str | None:
+        if epoch == 1 and not fired["done"]:
+            fired["done"] = True
+            return "preservation loss 2.0 > 1.1x the first epoch's 1.7"
+        return None
+
+    rates: list[tuple[int, float]] = []
+    real_lr_at = loop.lr_at
+
+    def lr_at(step: int, total: int, peak: float, warmup: float, min_ratio: float) -> float:
+        rates.append((step, peak))
+        return real_lr_at(step, total, peak, warmup, min_ratio)
+
+    monkeypatch.setattr(loop, "diverged", second)
+    monkeypatch.setattr(loop, "lr_at", lr_at)
+    cfg = {"epochs": 3, "batch_size": 2, "checkpoint_every": 1000, "lr": 1e-2, "preserve": 0.5, "study": 1}
+    banks = {}
+    for name in ("ref", "before", "after"):
+        ingest(name, [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+        banks[name] = Registry.open(name, home)
+    events: list[TrainEvent] = []
+    ref = train("ref", cfg, subtree=0, home=home, progress=events.append).units[0]
+    per_epoch = ref.steps // 3
+    assert ref.restarts == 1 and per_epoch >= 2 and fired["done"]
+    # epochs 1 and 2 at the full rate, then epoch 2 again and epoch 3 at half: epoch 1 is kept, not trained again
+    full, half = 1e-2, 5e-3
+    want_rates = [(s, full) for s in range(2 * per_epoch)] + [(s, half) for s in range(per_epoch, 3 * per_epoch)]
+    assert rates == want_rates
+    went_back = [e for e in events if e.restart]
+    assert len(went_back) == 1 and went_back[0].kept == 1 and went_back[0].epoch == 1
+    assert len(ref.heldout) == 3  # the held-out scores of the epoch gone back from are dropped
+    # the tokens of the epoch trained twice count twice (they were spent)
+    assert ref.tokens > 0
+    # killed in epoch 2 before it drifts: the checkpoint carries epoch 1's end, and the unit goes back to it
+    fired["done"] = False
+    first = train("before", cfg, subtree=0, home=home, max_steps=per_epoch + 1)
+    assert first.interrupted and not fired["done"]
+    resumed = train("before", home=home, subtree=0).units[0]
+    assert fired["done"] and resumed.restarts == 1 and resumed.tokens == ref.tokens
+
+    # killed one step after going back: the checkpoint says so, and the run goes on from there
+    def interrupt(ev: TrainEvent) -> None:
+        if ev.restart:
+            os.kill(os.getpid(), signal.SIGINT)  # the training loop's Ctrl-C: stop at the next step
+
+    fired["done"] = False
+    with pytest.raises(loop.TrainingInterrupted):
+        train("after", cfg, subtree=0, home=home, progress=interrupt)
+    assert fired["done"]
+    ckpt = checkpoint_path(banks["after"].checkpoint_dir(), "0")
+    state = decode(ckpt.read_bytes(), ckpt, "0")
+    assert state.restarts == 1 and state.step == per_epoch + 1 and state.mark is not None
+    assert state.mark.step == per_epoch
+    resumed = train("after", home=home, subtree=0).units[0]
+    assert resumed.restarts == 1 and resumed.tokens == ref.tokens
+    want = _blocks(banks["ref"])
+    assert want and len(want) >= 2
+    for name in ("before", "after"):
         got = _blocks(banks[name])
         assert set(got) == set(want)
         for bid in want:

@@ -203,7 +203,8 @@ def train(
         int | None,
         typer.Option(
             help="Times a unit whose loss diverges, or whose preservation loss drifts above 1.1x its first "
-            "epoch's, starts over at half the learning rate; 0 trains on as it is (default 2).",
+            "epoch's, goes back to the end of the last epoch that did not (or starts over) and on at half the "
+            "learning rate; 0 trains on as it is (default 2).",
         ),
     ] = None,
     match_hidden: Annotated[

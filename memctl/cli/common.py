@@ -354,9 +354,11 @@ def human_params(n: float) -> str:
 
 def epoch_line(ev: TrainEvent) -> str:
     """A unit's epoch that just ended (an event with epoch_losses): each batch kind's mean loss,
-    held-out accuracy, and why the unit starts over at half the learning rate, if it does."""
+    held-out accuracy, and why the unit goes back to an earlier epoch's end (or starts over) at half the learning
+    rate, if it does."""
     means = ", ".join(f"{KIND_NAMES.get(k, k)} {v:.3f}" for k, v in sorted((ev.epoch_losses or {}).items()))
     held = f", held-out {100 * ev.heldout:.0f}%" if ev.heldout is not None else ""
-    again = f"; {ev.restart}: starting over at half the learning rate" if ev.restart else ""
+    back = f"going back to the end of epoch {ev.kept}" if ev.kept else "starting over"
+    again = f"; {ev.restart}: {back} at half the learning rate" if ev.restart else ""
     out = f", {ev.sitting:,} learned prompts sit the next epoch out" if ev.sitting else ""
     return f"epoch {ev.epoch + 1} done: mean loss {means}{held}{out}{again}"

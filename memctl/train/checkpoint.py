@@ -5,6 +5,9 @@ tokens, losses, provenance, held-out scores, the training configuration, the pla
 the same file (memctl.train.packing). A checkpoint is written whole and private (temp file, fsync, rename,
 0600). The data order needs no saving: it follows from the seed. Checkpoints written by older
 memctl versions (`unit-NAME.pt`) were pickles: they are never loaded, only deleted by `--restart`.
+While the drift guard may still fire, a checkpoint also carries the unit's *mark*, its whole state at the
+end of the last epoch the guard passed (tensors under `mark.`), so that a resumed unit can go back to it
+exactly as an uninterrupted one would (memctl.train.diverge).
 """
 
 from __future__ import annotations
@@ -49,8 +52,31 @@ class TrainState:
     seconds: float
     config: str  # TrainConfig as JSON
     placement: str  # Placement.kind
-    restarts: int = 0  # times the unit started over after its loss diverged (memctl.train.diverge)
+    restarts: int = 0  # times the unit went back after its loss diverged or drifted (memctl.train.diverge)
     retired: Retired = field(default_factory=dict)  # samples sitting epochs out (memctl.train.retire)
+    # the unit's state at the end of the last epoch the guard passed (memctl.train.diverge): where it goes back
+    # to when a later epoch diverges or drifts; None before the first epoch ends, or once no restart is left
+    mark: TrainState | None = None
+
+    def copy(self) -> TrainState:
+        """A copy that shares no tensor, list or dict with this state (a mark outlives the live ones)."""
+        return TrainState(
+            params=[t.detach().clone() for t in self.params],
+            opt={k: [t.detach().clone() for t in v] for k, v in self.opt.items()},
+            step=self.step,
+            tokens=self.tokens,
+            losses={k: list(v) for k, v in self.losses.items()},
+            seen={k: dict(v) for k, v in self.seen.items()},
+            scores=list(self.scores),
+            heldout_loss=list(self.heldout_loss),
+            unit=self.unit,
+            seconds=self.seconds,
+            config=self.config,
+            placement=self.placement,
+            restarts=self.restarts,
+            retired={i: list(v) for i, v in self.retired.items()},
+            mark=None,
+        )
 
     def restore(self, params: list[torch.Tensor], opt: BlockAdamW, path: Path) -> None:
         """Copy the saved parameters and optimizer state in place; refused unless every shape fits."""
@@ -68,6 +94,17 @@ class TrainState:
 
 
 def encode(state: TrainState) -> bytes:
+    tensors, data = _parts(state)
+    if state.mark is not None:
+        mark_tensors, data["mark"] = _parts(state.mark)
+        tensors |= {f"{MARK}{k}": t for k, t in mark_tensors.items()}
+    return pack(tensors, data)
+
+
+MARK = "mark."  # the mark's tensors in a checkpoint, beside the state's own
+
+
+def _parts(state: TrainState) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     tensors = {f"params.{i}": t for i, t in enumerate(state.params)}
     tensors |= {f"opt.{k}.{i}": t for k in OPT_PARTS for i, t in enumerate(state.opt[k])}
     data = {
@@ -86,7 +123,7 @@ def encode(state: TrainState) -> bytes:
         "restarts": state.restarts,
         "retired": encode_retired(state.retired),
     }
-    return pack(tensors, data)
+    return tensors, data
 
 
 def decode(buf: bytes, path: Path, unit: str | None = None) -> TrainState:
@@ -98,6 +135,23 @@ def decode(buf: bytes, path: Path, unit: str | None = None) -> TrainState:
         raise damaged(path, str(e)) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise damaged(path, "not a memctl checkpoint")
+    own = {k: t for k, t in tensors.items() if not k.startswith(MARK)}
+    state = _state(own, data, path)
+    if data.get("mark") is not None:  # none in checkpoints written before marks existed
+        marked = {k[len(MARK) :]: t for k, t in tensors.items() if k.startswith(MARK)}
+        if not isinstance(data["mark"], dict):
+            raise damaged(path, "malformed mark")
+        state.mark = _state(marked, data["mark"], path)
+        if state.mark.unit != state.unit or state.mark.step > state.step:
+            raise damaged(path, "its mark is not an earlier state of the same unit")
+    elif len(own) != len(tensors):
+        raise damaged(path, "it holds tensors no checkpoint has")
+    if unit is not None and state.unit != unit:
+        raise damaged(path, f"it is unit {state.unit!r}'s, not {unit!r}'s")
+    return state
+
+
+def _state(tensors: dict[str, torch.Tensor], data: dict[str, Any], path: Path) -> TrainState:
     try:
         n = int(data["n_params"])
         params = [tensors[f"params.{i}"] for i in range(n)]
@@ -122,8 +176,6 @@ def decode(buf: bytes, path: Path, unit: str | None = None) -> TrainState:
         raise damaged(path, f"malformed, {type(e).__name__}: {e}") from None
     if len(tensors) != 4 * n:
         raise damaged(path, "it holds tensors no checkpoint has")
-    if unit is not None and state.unit != unit:
-        raise damaged(path, f"it is unit {state.unit!r}'s, not {unit!r}'s")
     return state
 
 

@@ -1,14 +1,19 @@
-"""A unit whose training loss diverges starts over from its seeded initial state with half the
-learning rate.
+"""A unit whose training loss diverges or drifts goes back to the end of the last epoch that did not,
+and on from there with half the learning rate (before any epoch has passed, it starts over from its
+seeded initial state).
 
 At memctl's learning rate (1e-2, chosen for speed on a CPU) a unit's loss can climb away and stay
 there: seen once in ten self-study runs of benchmarks/corpora.py (FOLDOC, `--study 2`), where the
 distillation loss rose from 1.7 to 6.7 within 40 steps of epoch 5 and the preservation loss from 1.6
 to 5.2, leaving blocks that answered nothing and made unrelated text 4.8x as perplexing. After each
 epoch the loop compares each batch kind's mean loss with that kind's best earlier epoch; a mean that
-is not finite or more than DIVERGED_RATIO times the best means the unit diverged. Starting over
-(rather than rolling back to an earlier epoch) keeps resuming exact: the restart count is all a
-checkpoint needs to carry.
+is not finite or more than DIVERGED_RATIO times the best means the unit diverged. Until
+2026-12-01 such a unit started over from its initial state, which threw away every epoch it had
+trained (elements' and foldoc's default units restarted after epoch 3: 15 epochs' tokens for 12).
+It now goes back to its *mark*, its whole state at the end of the last epoch that passed (blocks,
+optimizer moments, provenance, scores, sit-outs), which the checkpoint carries while a restart is
+left, so a resumed unit goes back exactly as an uninterrupted one; the epochs before the mark are
+kept, and only the epoch that failed is trained again, at the lower rate.
 
 A unit can also go wrong slowly. In a FOLDOC unit at 1e-2 (docs/corpora.md, 2026-11-27) the
 distillation loss fell, then stalled near 2.0 while the preservation loss drifted from 1.67 to 2.41
@@ -17,7 +22,7 @@ made the unrelated text routed into them 3.6x as perplexing. The same bank at ha
 rate trained well, its preservation loss flat (1.68 to 1.66). The preservation loss is the student's
 cross-entropy to the anchor on text no document wrote, so it rising is the memories harming text
 they should leave alone: an epoch whose preservation mean exceeds DRIFT_RATIO times the first
-epoch's has drifted, and the unit starts over the same way. That FOLDOC unit's epoch means were
+epoch's has drifted, and the unit goes back the same way. That FOLDOC unit's epoch means were
 1.712, 1.889, 1.927, 1.969 and 2.175 (1.27x: restarted after epoch 5, it then trained as well as at
 5e-3); healthy units' stayed within 1.04x of their first epoch's (FOLDOC at 5e-3, the fictional
 corpus at 1e-2), and ended below it. The ratio was 1.2 until a FOLDOC unit at 1e-2 (2026-11-29) rose to

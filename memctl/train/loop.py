@@ -64,9 +64,12 @@ class TrainEvent:
     tokens_per_s: float
     heldout: float | None = None  # held-out prompt accuracy after the last finished epoch
     # at the end of an epoch: each batch kind's mean loss in it (lm, kd, keep: memctl.train.diverge),
-    # and why the unit now starts over at half the learning rate (its loss diverged or drifted), if it does
+    # and why the unit now goes back at half the learning rate (its loss diverged or drifted), if it does
     epoch_losses: dict[str, float] | None = None
     restart: str | None = None
+    # with `restart`: the epochs the unit keeps, going back to the end of the last one the guard passed and
+    # on at half the learning rate (0: it starts over from its seeded initial state)
+    kept: int = 0
     sitting: int | None = None  # at the end of an epoch under `train --retire`: samples sitting the next one out
 
 
@@ -182,6 +185,7 @@ def train_unit(
         return kind_counts([[kind([samples[b[0]]]) for b in plan(e) if b] for e in range(upto + 1)])
 
     restarts = 0
+    mark: TrainState | None = None  # the end of the last epoch the guard passed (memctl.train.diverge)
     opt = _optimizer(params, tcfg)
     heldout = heldout_prompts(reg, name, exclude=exclude)
     ckpt = checkpoint_path(reg.checkpoint_dir(), name)
@@ -206,15 +210,15 @@ def train_unit(
         state.restore(params.flat(), opt, ckpt)
         step, tokens, losses, seconds = state.step, state.tokens, state.losses, state.seconds
         seen, scores, held_losses, restarts = state.seen, state.scores, state.heldout_loss, state.restarts
-        retired = state.retired
+        retired, mark = state.retired, state.mark
     resumed_from = step
     deep = (hidden_layers(cfg.memory.layers), tcfg.match_hidden)  # deep context distillation (study)
     pad = anchor.tokenizer.pad_token_id
     t_start = time.perf_counter() - seconds
 
-    def checkpoint() -> None:
-        state = TrainState(
-            params=[p.detach().to("cpu") for p in params.flat()],  # serialised at once: no copy on the CPU
+    def current() -> TrainState:
+        return TrainState(
+            params=[p.detach().to("cpu") for p in params.flat()],  # no copy on the CPU: copy() it to keep it
             opt={k: [t.cpu() for t in v] for k, v in opt.state_dict().items()},
             step=step,
             tokens=tokens,
@@ -228,8 +232,11 @@ def train_unit(
             placement=Placement(anchor.device, anchor.dtype).kind,
             restarts=restarts,
             retired=retired,
+            mark=mark,
         )
-        save_checkpoint(ckpt, state)
+
+    def checkpoint() -> None:
+        save_checkpoint(ckpt, current())  # serialised at once
 
     flat_batches = [(e, j) for e, bs in enumerate(epochs) for j in range(len(bs))]
     stopped_early = False
@@ -302,6 +309,8 @@ def train_unit(
                 scores, held_losses, len(heldout.prompts), tcfg.epochs, tcfg.patience
             )
         restart = diverged(losses, counts(epoch), epoch) if epoch_done and restarts < tcfg.max_restarts else None
+        kept = _epochs_before(flat_batches, mark.step) if restart and mark is not None else 0
+        sitting = sum(sits_out(retired, i, epoch + 1) for i in retired) if epoch_done and tcfg.retire else None
         if progress:
             el = time.perf_counter() - t_start
             progress(
@@ -318,19 +327,32 @@ def train_unit(
                     scores[-1] if scores else None,
                     epoch_means(losses, counts(epoch), epoch) if epoch_done else None,
                     restart,
-                    sum(sits_out(retired, i, epoch + 1) for i in retired) if epoch_done and tcfg.retire else None,
+                    kept=kept,
+                    sitting=sitting,
                 )
             )
         if restart:
-            # start over from the seeded initial state with half the learning rate; the tokens already
-            # trained still count (they were spent), the provenance and scores are the new run's
+            # go back to the end of the last epoch the guard passed (or, before one has, to the seeded initial
+            # state) and on with half the learning rate; the tokens already trained still count (they were
+            # spent), the provenance and scores are those of the state gone back to
             restarts += 1
-            params = UnitParams(cfg, unit, anchor.device)
-            opt = _optimizer(params, tcfg)
-            step, losses, seen, scores, held_losses, stopped_early = 0, {}, {}, [], [], False
-            retired = {}
-            plans.clear()
+            if mark is None:
+                params = UnitParams(cfg, unit, anchor.device)
+                opt = _optimizer(params, tcfg)
+                step, losses, seen, scores, held_losses, retired = 0, {}, {}, [], [], {}
+            else:
+                back = mark.copy()  # the mark stays as it is: a later epoch may go back to it again
+                back.restore(params.flat(), opt, ckpt)
+                step, losses, seen, retired = back.step, back.losses, back.seen, back.retired
+                scores, held_losses = back.scores, back.heldout_loss
+            stopped_early = False
+            for e in [e for e in plans if e >= kept]:  # plans of the epochs to train again follow `retired`
+                del plans[e]
+            if restarts >= tcfg.max_restarts:
+                mark = None  # nothing goes back to it any more: checkpoints need not carry it
             continue
+        if epoch_done and restarts < tcfg.max_restarts and not stopped_early:
+            mark = current().copy()
         stopping = stop_now or (max_steps is not None and step >= max_steps)
         if checkpoints and lead and (step % tcfg.checkpoint_every == 0 or stopping) and not stopped_early:
             checkpoint()
@@ -347,8 +369,13 @@ def train_unit(
     return TrainedUnit(res, unit, params, seen)
 
 
+def _epochs_before(flat_batches: list[tuple[int, int]], step: int) -> int:
+    """Epochs finished when `step` batches have run (`step` at an epoch's end)."""
+    return flat_batches[step - 1][0] + 1 if step > 0 else 0
+
+
 def _optimizer(params: UnitParams, tcfg: TrainConfig) -> BlockAdamW:
-    """A fresh optimizer over the unit's blocks: at the start, and when a diverged unit starts over."""
+    """A fresh optimizer over the unit's blocks: at the start, and when a unit diverges before any epoch passed."""
     return BlockAdamW(params.flat(), lr=tcfg.lr, betas=tcfg.betas, eps=tcfg.eps, weight_decay=tcfg.weight_decay)
 
 
