@@ -1,5 +1,5 @@
-"""A unit whose loss diverges or drifts goes back to the end of the last epoch that did not (or, before one
-has ended, starts over) with half the learning rate, and resumes exactly."""
+"""A unit whose loss diverges or drifts starts over with half the learning rate (with `--on-drift rollback`,
+goes back to the end of the last epoch that did not), and resumes exactly."""
 
 from __future__ import annotations
 
@@ -70,6 +70,7 @@ def test_the_mark_travels_in_the_checkpoint_and_shares_nothing_with_the_live_sta
 
     live = state(8, 2.0)
     live.mark = state(4, 1.0).copy()
+    live.mark.retired = {3: [(2, 4)]}
     back = decode(encode(live), Path("x"), "0")
     assert back.mark is not None and back.mark.step == 4 and back.mark.losses == {"kd": [1.0]}
     assert torch.equal(back.mark.params[0], torch.ones(2)) and torch.equal(back.params[0], torch.full((2,), 2.0))
@@ -78,7 +79,10 @@ def test_the_mark_travels_in_the_checkpoint_and_shares_nothing_with_the_live_sta
     back.mark.params[0].add_(1.0)
     back.mark.losses["kd"].append(9.0)
     back.mark.seen[(1, 0)]["a"] = 7
+    back.mark.opt["m"][0].add_(1.0)
+    back.mark.retired[3].append((5, 6))
     assert torch.equal(kept.params[0], torch.ones(2)) and kept.losses == {"kd": [1.0]} and kept.seen[(1, 0)]["a"] == 3
+    assert torch.equal(kept.opt["m"][0], torch.ones(2)) and kept.retired == {3: [(2, 4)]}
     assert decode(encode(state(3, 1.0)), Path("x"), "0").mark is None  # no mark, none read back
     later = state(2, 1.0)
     later.mark = state(5, 1.0)  # a mark later than its state is no earlier state of it
@@ -131,7 +135,7 @@ def test_a_diverged_unit_starts_over_at_half_the_learning_rate_and_resumes_exact
                 assert torch.equal(got[bid][part], want[bid][part]), (name, bid, part)
 
 
-def test_a_unit_that_drifts_after_an_epoch_passed_goes_back_to_that_epochs_end_and_resumes_exactly(
+def test_a_rollback_unit_that_drifts_after_an_epoch_passed_goes_back_to_that_epochs_end_and_resumes_exactly(
     home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fired = {"done": False}
@@ -149,11 +153,20 @@ def test_a_unit_that_drifts_after_an_epoch_passed_goes_back_to_that_epochs_end_a
         rates.append((step, peak))
         return real_lr_at(step, total, peak, warmup, min_ratio)
 
+    restored: list[list[torch.Tensor]] = []  # the live blocks and moments right after each restore
+    real_restore = TrainState.restore
+
+    def restore(self: TrainState, params: list[torch.Tensor], opt: Any, path: Path) -> None:
+        real_restore(self, params, opt, path)
+        restored.append([t.detach().clone() for t in [*params, *opt.m, *opt.v]])
+
     monkeypatch.setattr(loop, "diverged", second)
     monkeypatch.setattr(loop, "lr_at", lr_at)
-    cfg = {"epochs": 3, "batch_size": 2, "checkpoint_every": 1000, "lr": 1e-2, "preserve": 0.5, "study": 1}
+    monkeypatch.setattr(TrainState, "restore", restore)
+    cfg = {"epochs": 3, "batch_size": 2, "checkpoint_every": 1000, "lr": 1e-2, "preserve": 0.5, "study": 1,
+           "on_drift": "rollback"}  # fmt: skip
     banks = {}
-    for name in ("ref", "before", "after"):
+    for name in ("ref", "epoch1", "before", "after"):
         ingest(name, [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
         banks[name] = Registry.open(name, home)
     events: list[TrainEvent] = []
@@ -167,8 +180,15 @@ def test_a_unit_that_drifts_after_an_epoch_passed_goes_back_to_that_epochs_end_a
     went_back = [e for e in events if e.restart]
     assert len(went_back) == 1 and went_back[0].kept == 1 and went_back[0].epoch == 1
     assert len(ref.heldout) == 3  # the held-out scores of the epoch gone back from are dropped
-    # the tokens of the epoch trained twice count twice (they were spent)
-    assert ref.tokens > 0
+    # what it went back to is the state at the end of epoch 1: a unit stopped there holds the same blocks and moments
+    stopped = train("epoch1", cfg, subtree=0, home=home, max_steps=per_epoch)
+    assert stopped.interrupted and len(restored) == 1
+    ckpt = checkpoint_path(banks["epoch1"].checkpoint_dir(), "0")
+    epoch1 = decode(ckpt.read_bytes(), ckpt, "0")
+    assert epoch1.step == per_epoch and epoch1.mark is not None and epoch1.mark.step == per_epoch
+    want_state = [*epoch1.params, *epoch1.opt["m"], *epoch1.opt["v"]]
+    assert len(restored[0]) == len(want_state)
+    assert all(torch.equal(a, b) for a, b in zip(restored[0], want_state, strict=True))
     # killed in epoch 2 before it drifts: the checkpoint carries epoch 1's end, and the unit goes back to it
     fired["done"] = False
     first = train("before", cfg, subtree=0, home=home, max_steps=per_epoch + 1)
@@ -188,7 +208,9 @@ def test_a_unit_that_drifts_after_an_epoch_passed_goes_back_to_that_epochs_end_a
     ckpt = checkpoint_path(banks["after"].checkpoint_dir(), "0")
     state = decode(ckpt.read_bytes(), ckpt, "0")
     assert state.restarts == 1 and state.step == per_epoch + 1 and state.mark is not None
-    assert state.mark.step == per_epoch
+    assert state.mark.step == per_epoch and state.mark.seen == epoch1.seen and state.mark.losses == epoch1.losses
+    assert all(torch.equal(a, b) for a, b in zip(state.mark.params, epoch1.params, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(state.params, epoch1.params, strict=True))  # one step on
     resumed = train("after", home=home, subtree=0).units[0]
     assert resumed.restarts == 1 and resumed.tokens == ref.tokens
     want = _blocks(banks["ref"])
@@ -199,6 +221,51 @@ def test_a_unit_that_drifts_after_an_epoch_passed_goes_back_to_that_epochs_end_a
         for bid in want:
             for part in ("gate", "up", "down"):
                 assert torch.equal(got[bid][part], want[bid][part]), (name, bid, part)
+
+
+def test_by_default_a_unit_that_drifts_after_an_epoch_passed_starts_over_and_carries_no_mark(
+    home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rates: list[tuple[int, float]] = []
+    real_lr_at = loop.lr_at
+
+    def lr_at(step: int, total: int, peak: float, warmup: float, min_ratio: float) -> float:
+        rates.append((step, peak))
+        return real_lr_at(step, total, peak, warmup, min_ratio)
+
+    fired: list[int] = []
+
+    def once(losses: dict[str, list[float]], counts: Any, epoch: int) -> str | None:
+        if epoch == 1 and not fired:
+            fired.append(epoch)
+            return "preservation loss 2.0 > 1.1x the first epoch's 1.7"
+        return None
+
+    monkeypatch.setattr(loop, "diverged", once)
+    monkeypatch.setattr(loop, "lr_at", lr_at)
+    cfg = {"epochs": 3, "batch_size": 2, "checkpoint_every": 1000, "lr": 1e-2, "preserve": 0.5, "study": 1}
+    for name in ("ref", "stopped"):
+        ingest(name, [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    events: list[TrainEvent] = []
+    ref = train("ref", cfg, subtree=0, home=home, progress=events.append).units[0]
+    per_epoch = ref.steps // 3
+    assert ref.restarts == 1 and fired == [1]
+    # two epochs at the full rate, then all three again at half: nothing of the first start is kept
+    assert rates == [(s, 1e-2) for s in range(2 * per_epoch)] + [(s, 5e-3) for s in range(3 * per_epoch)]
+    assert [e.kept for e in events if e.restart] == [0]
+    train("stopped", cfg, subtree=0, home=home, max_steps=per_epoch + 1)
+    reg = Registry.open("stopped", home)
+    ckpt = checkpoint_path(reg.checkpoint_dir(), "0")
+    assert decode(ckpt.read_bytes(), ckpt, "0").mark is None  # checkpoints stay their old size
+
+
+@pytest.mark.parametrize("value", ["back", ""])
+def test_on_drift_other_than_restart_or_rollback_is_one_clear_error(value: str) -> None:
+    from memctl.core.config import TrainConfig
+    from memctl.core.errors import InputError
+
+    with pytest.raises(InputError, match="--on-drift must be restart or rollback"):
+        TrainConfig(on_drift=value).validate()
 
 
 def test_max_restarts_0_trains_a_diverging_unit_on_as_it_is(

@@ -203,8 +203,15 @@ def train(
         int | None,
         typer.Option(
             help="Times a unit whose loss diverges, or whose preservation loss drifts above 1.1x its first "
-            "epoch's, goes back to the end of the last epoch that did not (or starts over) and on at half the "
-            "learning rate; 0 trains on as it is (default 2).",
+            "epoch's, starts over (see --on-drift) at half the learning rate; 0 trains on as it is (default 2).",
+        ),
+    ] = None,
+    on_drift: Annotated[
+        str | None,
+        typer.Option(
+            help="What such a unit does: restart (from its seeded initial state) or rollback (to the end of the "
+            "last epoch that passed, keeping the epochs before it: fewer tokens, but on foldoc more harm to "
+            "unrelated text; default restart).",
         ),
     ] = None,
     match_hidden: Annotated[
@@ -295,6 +302,7 @@ def train(
         "ground_study": ground_study,
         "anchor_mix": anchor_mix,
         "max_restarts": max_restarts,
+        "on_drift": on_drift,
     }
     if out_dir is not None or generic:
         train_out_command(bank, out_dir, overrides, subtree, generic, restart, as_json, dp, device, dtype)

@@ -305,7 +305,7 @@ def stage_progress(enabled: bool = True) -> Iterator[Callable[[str, int, int], N
 class Rates:
     """Rate and ETA of progress counters, each from its first report: `rates(key, done, total)` is
     " (R/s, ETA Ns)" for a log line (no ETA before a second report). A counter that goes back (a unit
-    that starts over) is measured again from there."""
+    that goes back to an earlier epoch, or starts over) is measured again from there."""
 
     def __init__(self) -> None:
         self._start: dict[str, tuple[float, int]] = {}

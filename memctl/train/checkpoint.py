@@ -5,9 +5,9 @@ tokens, losses, provenance, held-out scores, the training configuration, the pla
 the same file (memctl.train.packing). A checkpoint is written whole and private (temp file, fsync, rename,
 0600). The data order needs no saving: it follows from the seed. Checkpoints written by older
 memctl versions (`unit-NAME.pt`) were pickles: they are never loaded, only deleted by `--restart`.
-While the drift guard may still fire, a checkpoint also carries the unit's *mark*, its whole state at the
-end of the last epoch the guard passed (tensors under `mark.`), so that a resumed unit can go back to it
-exactly as an uninterrupted one would (memctl.train.diverge).
+Under `train --on-drift rollback`, while the drift guard may still fire, a checkpoint also carries the unit's
+*mark*, its whole state at the end of the last epoch the guard passed (tensors under `mark.`), so that a
+resumed unit can go back to it exactly as an uninterrupted one would (memctl.train.diverge).
 """
 
 from __future__ import annotations

@@ -1,19 +1,21 @@
-"""A unit whose training loss diverges or drifts goes back to the end of the last epoch that did not,
-and on from there with half the learning rate (before any epoch has passed, it starts over from its
-seeded initial state).
+"""A unit whose training loss diverges or drifts starts over from its seeded initial state with half
+the learning rate; with `train --on-drift rollback` it goes back to the end of the last epoch that
+did not, and on from there at half the rate.
 
 At memctl's learning rate (1e-2, chosen for speed on a CPU) a unit's loss can climb away and stay
 there: seen once in ten self-study runs of benchmarks/corpora.py (FOLDOC, `--study 2`), where the
 distillation loss rose from 1.7 to 6.7 within 40 steps of epoch 5 and the preservation loss from 1.6
 to 5.2, leaving blocks that answered nothing and made unrelated text 4.8x as perplexing. After each
 epoch the loop compares each batch kind's mean loss with that kind's best earlier epoch; a mean that
-is not finite or more than DIVERGED_RATIO times the best means the unit diverged. Until
-2026-12-01 such a unit started over from its initial state, which threw away every epoch it had
-trained (elements' and foldoc's default units restarted after epoch 3: 15 epochs' tokens for 12).
-It now goes back to its *mark*, its whole state at the end of the last epoch that passed (blocks,
-optimizer moments, provenance, scores, sit-outs), which the checkpoint carries while a restart is
-left, so a resumed unit goes back exactly as an uninterrupted one; the epochs before the mark are
-kept, and only the epoch that failed is trained again, at the lower rate.
+is not finite or more than DIVERGED_RATIO times the best means the unit diverged. Starting over
+throws away every epoch trained (elements' and foldoc's default units started over after epoch 2 or
+3: 14 or 15 epochs' tokens for 12). Rolling back keeps them: the unit returns to its *mark*, its
+whole state at the end of the last epoch that passed (blocks, optimizer moments, provenance, scores,
+sit-outs), which the checkpoint carries while a restart is left, so a resumed unit goes back exactly
+as an uninterrupted one, and only the failed epoch is trained again. Measured once on foldoc
+(2026-12-01, docs/corpora.md): 7% fewer tokens than starting over after epoch 2, the same statements,
+but unrelated text +4.0% with the gate on (+14.0% where its memories meet it) against +2.3% to +2.6%
+for units that started over: the full-rate epochs it keeps had begun the drift. So it is not the default.
 
 A unit can also go wrong slowly. In a FOLDOC unit at 1e-2 (docs/corpora.md, 2026-11-27) the
 distillation loss fell, then stalled near 2.0 while the preservation loss drifted from 1.67 to 2.41
@@ -22,16 +24,16 @@ made the unrelated text routed into them 3.6x as perplexing. The same bank at ha
 rate trained well, its preservation loss flat (1.68 to 1.66). The preservation loss is the student's
 cross-entropy to the anchor on text no document wrote, so it rising is the memories harming text
 they should leave alone: an epoch whose preservation mean exceeds DRIFT_RATIO times the first
-epoch's has drifted, and the unit goes back the same way. That FOLDOC unit's epoch means were
-1.712, 1.889, 1.927, 1.969 and 2.175 (1.27x: restarted after epoch 5, it then trained as well as at
+epoch's has drifted, and the unit starts over (or rolls back) the same way. That FOLDOC unit's epoch
+means were 1.712, 1.889, 1.927, 1.969 and 2.175 (1.27x: restarted after epoch 5, it then trained as well as at
 5e-3); healthy units' stayed within 1.04x of their first epoch's (FOLDOC at 5e-3, the fictional
 corpus at 1e-2), and ended below it. The ratio was 1.2 until a FOLDOC unit at 1e-2 (2026-11-29) rose to
 1.119x in epoch 2 and came back (1.810, 2.025, 2.028, 1.971, 1.917, ...): the guard never fired, and
 the unit left the text routed into its memories 45% more perplexing (unrelated text +11.8% with the
 gate on, against +1.6% to +2.4% for the unit restarted at half the rate). At 1.1 the three FOLDOC units
-at 1e-2 measured start over by epoch 3 (1.103x, 1.125x, 1.119x), while fictional's stays below (1.044x)
+at 1e-2 measured fire by epoch 3 (1.103x, 1.125x, 1.119x), while fictional's stays below (1.044x)
 and so does elements' cloze unit (1.047x before a spike of 1.21x that restarts it either way). Elements'
-self-study unit reached 1.100x in epoch 3 (1.704, 1.849, 1.875) and starts over too, for three epochs'
+self-study unit reached 1.100x in epoch 3 (1.704, 1.849, 1.875) and started over too, for three epochs'
 time and the same probe scores; whether its drift harms text is not measured (no unrelated text passes
 the gate into it)."""
 
@@ -68,9 +70,9 @@ def epoch_means(losses: dict[str, list[float]], counts: Sequence[dict[str, int]]
 
 
 def diverged(losses: dict[str, list[float]], counts: Sequence[dict[str, int]], epoch: int) -> str | None:
-    """Why `epoch` (just finished) means the unit must start over, or None: some kind's mean loss is
-    not finite, or more than DIVERGED_RATIO times its best mean in an earlier epoch, or the
-    preservation mean is more than DRIFT_RATIO times the first epoch's."""
+    """Why `epoch` (just finished) means the unit must start over or roll back (memctl.train.loop), or None:
+    some kind's mean loss is not finite, or more than DIVERGED_RATIO times its best mean in an earlier
+    epoch, or the preservation mean is more than DRIFT_RATIO times the first epoch's."""
     now = epoch_means(losses, counts, epoch)
     for kind, value in now.items():
         if not math.isfinite(value):

@@ -185,7 +185,7 @@ def train_unit(
         return kind_counts([[kind([samples[b[0]]]) for b in plan(e) if b] for e in range(upto + 1)])
 
     restarts = 0
-    mark: TrainState | None = None  # the end of the last epoch the guard passed (memctl.train.diverge)
+    mark: TrainState | None = None  # `--on-drift rollback`: the end of the last epoch the guard passed
     opt = _optimizer(params, tcfg)
     heldout = heldout_prompts(reg, name, exclude=exclude)
     ckpt = checkpoint_path(reg.checkpoint_dir(), name)
@@ -332,11 +332,11 @@ def train_unit(
                 )
             )
         if restart:
-            # go back to the end of the last epoch the guard passed (or, before one has, to the seeded initial
-            # state) and on with half the learning rate; the tokens already trained still count (they were
-            # spent), the provenance and scores are those of the state gone back to
+            # start over from the seeded initial state (`--on-drift rollback`: go back to the end of the last epoch
+            # the guard passed, if one has) and on with half the learning rate; the tokens already trained still
+            # count (they were spent), the provenance and scores are those of the state gone back to
             restarts += 1
-            if mark is None:
+            if mark is None:  # also a rollback unit resumed from a checkpoint written before marks existed
                 params = UnitParams(cfg, unit, anchor.device)
                 opt = _optimizer(params, tcfg)
                 step, losses, seen, scores, held_losses, retired = 0, {}, {}, [], [], {}
@@ -351,7 +351,7 @@ def train_unit(
             if restarts >= tcfg.max_restarts:
                 mark = None  # nothing goes back to it any more: checkpoints need not carry it
             continue
-        if epoch_done and restarts < tcfg.max_restarts and not stopped_early:
+        if tcfg.on_drift == "rollback" and epoch_done and restarts < tcfg.max_restarts and not stopped_early:
             mark = current().copy()
         stopping = stop_now or (max_steps is not None and step >= max_steps)
         if checkpoints and lead and (step % tcfg.checkpoint_every == 0 or stopping) and not stopped_early:

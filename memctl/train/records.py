@@ -35,7 +35,7 @@ class UnitResult:
     preserve_first: float = float("nan")
     preserve_last: float = float("nan")
     heldout_loss: list[float] = field(default_factory=list)  # held-out distillation loss per epoch
-    restarts: int = 0  # times the unit went back (or started over) at half the learning rate (memctl.train.diverge)
+    restarts: int = 0  # times the unit started over (or rolled back) at half the learning rate (memctl.train.diverge)
 
 
 @dataclass
