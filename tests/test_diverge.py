@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,17 +95,51 @@ def _blocks(reg: Registry) -> dict[str, dict[str, torch.Tensor]]:
     return {r["id"]: reg.read_block(r) for r in reg.blocks("file is not null")}
 
 
+def _same_blocks(banks: dict[str, Registry], ref: str, names: tuple[str, ...]) -> None:
+    """Every block of each of `names` is bit-identical to `ref`'s."""
+    want = _blocks(banks[ref])
+    assert want and len(want) >= 2
+    for name in names:
+        got = _blocks(banks[name])
+        assert set(got) == set(want)
+        for bid in want:
+            for part in ("gate", "up", "down"):
+                assert torch.equal(got[bid][part], want[bid][part]), (name, bid, part)
+
+
+DRIFTED = "preservation loss 2.0 > 1.1x the first epoch's 1.7"
+
+
+def _fires_once(at: int, why: str, fired: dict[str, bool]) -> Callable[[Any, Any, int], str | None]:
+    """A stand-in for memctl.train.diverge.diverged that fires after epoch `at` while fired["done"] is False."""
+
+    def diverged(losses: Any, counts: Any, epoch: int) -> str | None:
+        if epoch == at and not fired["done"]:
+            fired["done"] = True
+            return why
+        return None
+
+    return diverged
+
+
+def _record_rates(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, float]]:
+    """(step, peak learning rate) of every step the training loop takes from now on."""
+    rates: list[tuple[int, float]] = []
+    real_lr_at = loop.lr_at
+
+    def lr_at(step: int, total: int, peak: float, warmup: float, min_ratio: float) -> float:
+        rates.append((step, peak))
+        return real_lr_at(step, total, peak, warmup, min_ratio)
+
+    monkeypatch.setattr(loop, "lr_at", lr_at)
+    return rates
+
+
 def test_a_diverged_unit_starts_over_at_half_the_learning_rate_and_resumes_exactly(
     home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fired = {"done": False}
-
-    def once(losses: dict[str, list[float]], counts: Any, epoch: int) -> str | None:
-        if epoch == 0 and not fired["done"]:
-            fired["done"] = True
-            return "distillation loss is nan"
-        return None
-
+    once = _fires_once(0, "distillation loss is nan", fired)
     monkeypatch.setattr(loop, "diverged", once)
     cfg = {"epochs": 3, "batch_size": 2, "checkpoint_every": 1000, "lr": 1e-2, "preserve": 0.5, "study": 1}
     banks = {}
@@ -125,34 +160,15 @@ def test_a_diverged_unit_starts_over_at_half_the_learning_rate_and_resumes_exact
     fired["done"] = True
     half = train("half", {**cfg, "lr": 5e-3}, subtree=0, home=home).units[0]
     assert half.restarts == 0 and half.steps == ref.steps and ref.tokens > half.tokens
-    want = _blocks(banks["ref"])
-    assert want and len(want) >= 2
-    for name in ("cut", "half"):
-        got = _blocks(banks[name])
-        assert set(got) == set(want)
-        for bid in want:
-            for part in ("gate", "up", "down"):
-                assert torch.equal(got[bid][part], want[bid][part]), (name, bid, part)
+    _same_blocks(banks, "ref", ("cut", "half"))
 
 
 def test_a_rollback_unit_that_drifts_after_an_epoch_passed_goes_back_to_that_epochs_end_and_resumes_exactly(
     home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fired = {"done": False}
-
-    def second(losses: dict[str, list[float]], counts: Any, epoch: int) -> str | None:
-        if epoch == 1 and not fired["done"]:
-            fired["done"] = True
-            return "preservation loss 2.0 > 1.1x the first epoch's 1.7"
-        return None
-
-    rates: list[tuple[int, float]] = []
-    real_lr_at = loop.lr_at
-
-    def lr_at(step: int, total: int, peak: float, warmup: float, min_ratio: float) -> float:
-        rates.append((step, peak))
-        return real_lr_at(step, total, peak, warmup, min_ratio)
-
+    second = _fires_once(1, DRIFTED, fired)
+    rates = _record_rates(monkeypatch)
     restored: list[list[torch.Tensor]] = []  # the live blocks and moments right after each restore
     real_restore = TrainState.restore
 
@@ -161,7 +177,6 @@ def test_a_rollback_unit_that_drifts_after_an_epoch_passed_goes_back_to_that_epo
         restored.append([t.detach().clone() for t in [*params, *opt.m, *opt.v]])
 
     monkeypatch.setattr(loop, "diverged", second)
-    monkeypatch.setattr(loop, "lr_at", lr_at)
     monkeypatch.setattr(TrainState, "restore", restore)
     cfg = {"epochs": 3, "batch_size": 2, "checkpoint_every": 1000, "lr": 1e-2, "preserve": 0.5, "study": 1,
            "on_drift": "rollback"}  # fmt: skip
@@ -213,43 +228,23 @@ def test_a_rollback_unit_that_drifts_after_an_epoch_passed_goes_back_to_that_epo
     assert not all(torch.equal(a, b) for a, b in zip(state.params, epoch1.params, strict=True))  # one step on
     resumed = train("after", home=home, subtree=0).units[0]
     assert resumed.restarts == 1 and resumed.tokens == ref.tokens
-    want = _blocks(banks["ref"])
-    assert want and len(want) >= 2
-    for name in ("before", "after"):
-        got = _blocks(banks[name])
-        assert set(got) == set(want)
-        for bid in want:
-            for part in ("gate", "up", "down"):
-                assert torch.equal(got[bid][part], want[bid][part]), (name, bid, part)
+    _same_blocks(banks, "ref", ("before", "after"))
 
 
 def test_by_default_a_unit_that_drifts_after_an_epoch_passed_starts_over_and_carries_no_mark(
     home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rates: list[tuple[int, float]] = []
-    real_lr_at = loop.lr_at
-
-    def lr_at(step: int, total: int, peak: float, warmup: float, min_ratio: float) -> float:
-        rates.append((step, peak))
-        return real_lr_at(step, total, peak, warmup, min_ratio)
-
-    fired: list[int] = []
-
-    def once(losses: dict[str, list[float]], counts: Any, epoch: int) -> str | None:
-        if epoch == 1 and not fired:
-            fired.append(epoch)
-            return "preservation loss 2.0 > 1.1x the first epoch's 1.7"
-        return None
-
+    rates = _record_rates(monkeypatch)
+    fired = {"done": False}
+    once = _fires_once(1, DRIFTED, fired)
     monkeypatch.setattr(loop, "diverged", once)
-    monkeypatch.setattr(loop, "lr_at", lr_at)
     cfg = {"epochs": 3, "batch_size": 2, "checkpoint_every": 1000, "lr": 1e-2, "preserve": 0.5, "study": 1}
     for name in ("ref", "stopped"):
         ingest(name, [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
     events: list[TrainEvent] = []
     ref = train("ref", cfg, subtree=0, home=home, progress=events.append).units[0]
     per_epoch = ref.steps // 3
-    assert ref.restarts == 1 and fired == [1]
+    assert ref.restarts == 1 and fired["done"]
     # two epochs at the full rate, then all three again at half: nothing of the first start is kept
     assert rates == [(s, 1e-2) for s in range(2 * per_epoch)] + [(s, 5e-3) for s in range(3 * per_epoch)]
     assert [e.kept for e in events if e.restart] == [0]
