@@ -305,7 +305,7 @@ def stage_progress(enabled: bool = True) -> Iterator[Callable[[str, int, int], N
 class Rates:
     """Rate and ETA of progress counters, each from its first report: `rates(key, done, total)` is
     " (R/s, ETA Ns)" for a log line (no ETA before a second report). A counter that goes back (a unit
-    that goes back to an earlier epoch, or starts over) is measured again from there."""
+    that starts over, or rolls back to an earlier epoch) is measured again from there."""
 
     def __init__(self) -> None:
         self._start: dict[str, tuple[float, int]] = {}
@@ -354,8 +354,8 @@ def human_params(n: float) -> str:
 
 def epoch_line(ev: TrainEvent) -> str:
     """A unit's epoch that just ended (an event with epoch_losses): each batch kind's mean loss,
-    held-out accuracy, and why the unit goes back to an earlier epoch's end (or starts over) at half the learning
-    rate, if it does."""
+    held-out accuracy, and why the unit starts over (or rolls back to an earlier epoch's end) at half the
+    learning rate, if it does."""
     means = ", ".join(f"{KIND_NAMES.get(k, k)} {v:.3f}" for k, v in sorted((ev.epoch_losses or {}).items()))
     held = f", held-out {100 * ev.heldout:.0f}%" if ev.heldout is not None else ""
     back = f"going back to the end of epoch {ev.kept}" if ev.kept else "starting over"

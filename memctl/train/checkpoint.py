@@ -52,10 +52,11 @@ class TrainState:
     seconds: float
     config: str  # TrainConfig as JSON
     placement: str  # Placement.kind
-    restarts: int = 0  # times the unit went back after its loss diverged or drifted (memctl.train.diverge)
+    restarts: int = 0  # times the unit started over (or rolled back) after its loss diverged or drifted
     retired: Retired = field(default_factory=dict)  # samples sitting epochs out (memctl.train.retire)
-    # the unit's state at the end of the last epoch the guard passed (memctl.train.diverge): where it goes back
-    # to when a later epoch diverges or drifts; None before the first epoch ends, or once no restart is left
+    # `--on-drift rollback`: the unit's state at the end of the last epoch the guard passed (memctl.train.diverge),
+    # where it goes back to when a later epoch diverges or drifts; None before the first epoch ends, once no
+    # restart is left, and under the default (`restart`)
     mark: TrainState | None = None
 
     def copy(self) -> TrainState:

@@ -64,11 +64,11 @@ class TrainEvent:
     tokens_per_s: float
     heldout: float | None = None  # held-out prompt accuracy after the last finished epoch
     # at the end of an epoch: each batch kind's mean loss in it (lm, kd, keep: memctl.train.diverge),
-    # and why the unit now goes back at half the learning rate (its loss diverged or drifted), if it does
+    # and why the unit now starts over or rolls back at half the learning rate (its loss diverged or drifted)
     epoch_losses: dict[str, float] | None = None
     restart: str | None = None
-    # with `restart`: the epochs the unit keeps, going back to the end of the last one the guard passed and
-    # on at half the learning rate (0: it starts over from its seeded initial state)
+    # with `restart`: the epochs the unit keeps, rolling back to the end of the last one the guard passed
+    # (`--on-drift rollback`; 0: it starts over from its seeded initial state)
     kept: int = 0
     sitting: int | None = None  # at the end of an epoch under `train --retire`: samples sitting the next one out
 
@@ -375,7 +375,7 @@ def _epochs_before(flat_batches: list[tuple[int, int]], step: int) -> int:
 
 
 def _optimizer(params: UnitParams, tcfg: TrainConfig) -> BlockAdamW:
-    """A fresh optimizer over the unit's blocks: at the start, and when a unit diverges before any epoch passed."""
+    """A fresh optimizer over the unit's blocks: at the start, and when a unit starts over."""
     return BlockAdamW(params.flat(), lr=tcfg.lr, betas=tcfg.betas, eps=tcfg.eps, weight_decay=tcfg.weight_decay)
 
 
