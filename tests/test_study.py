@@ -22,9 +22,11 @@ from memctl.train.prompts import joins_without_space, prompts_for
 from memctl.train.sections import window_openings
 from memctl.train.study import (
     STUDY,
+    STUDY_WINDOWS,
     pick_seeds,
     sample_continuations,
     seeds_for,
+    study_chunks,
     subject_of,
     teacher_context,
     window_seeds,
@@ -445,3 +447,26 @@ def test_windows_sampled_together_get_what_each_gets_alone(tiny_anchor: Path, ho
             np.testing.assert_allclose(a.topk_logp, b.topk_logp, atol=1e-4)
             assert a.hidden is not None and b.hidden is not None
             np.testing.assert_allclose(a.hidden.astype(np.float32), b.hidden.astype(np.float32), atol=1e-2)
+
+
+def test_windows_are_sampled_together_only_with_their_documents_windows_in_their_subtree() -> None:
+    """A window's teacher rows round by what it is batched with, so its chunk must not change when another
+    document is forgotten, one subtree trains alone, or an interrupted run resumes."""
+
+    def rows(spec: list[tuple[str, int]]) -> list[dict[str, object]]:
+        return [{"id": i, "doc_id": doc, "l1": l1} for i, (doc, l1) in enumerate(spec)]
+
+    spec = [("a", 0), ("b", 0), ("a", 0), ("a", 1), ("c", 1)] + [("d", 0)] * (STUDY_WINDOWS + 3)
+
+    def chunks(rs: list[dict[str, object]]) -> list[list[object]]:
+        return [[r["id"] for r in c] for c in study_chunks(rs)]
+
+    every = chunks(rows(spec))
+    d = list(range(5, 5 + STUDY_WINDOWS + 3))
+    assert every == [[0, 2], [1], [3], [4], d[:STUDY_WINDOWS], d[STUDY_WINDOWS:]]
+    without_b = chunks([r for r in rows(spec) if r["doc_id"] != "b"])
+    assert without_b == [c for c in every if c != [1]]  # forgetting b moves no other window's chunk
+    subtree1 = chunks([r for r in rows(spec) if r["l1"] == 1])
+    assert subtree1 == [c for c in every if c in ([3], [4])]  # training subtree 1 alone
+    resumed = chunks([r for r in rows(spec) if r["id"] not in d[:STUDY_WINDOWS]])  # the first chunk of d was stored
+    assert resumed == [c for c in every if c != d[:STUDY_WINDOWS]]

@@ -39,7 +39,9 @@ from .kinds import STUDY
 from .sections import subjects, window_openings
 
 TOPK = 16  # as memctl.train.distill.TOPK: the student's loss reads the same shape
-STUDY_WINDOWS = 8  # windows whose continuations are sampled together, one forward pass per token for all
+# windows whose continuations are sampled together, one forward pass per token for all; only windows of one
+# document in one level-1 subtree (study_chunks)
+STUDY_WINDOWS = 8
 STUDY_TOKENS = 40  # tokens sampled per continuation
 # low: with the window in its context at 0.7, the 135M anchor drifted into invented biographies; at 0.3 it
 # stayed with the window's facts; the seeds, one question each, give the variety
@@ -339,7 +341,7 @@ def add_study(
     )
     rows = list(
         reg.db.query(
-            "select w.id, w.doc_id, w.text, w.path, d.title from windows w "
+            "select w.id, w.doc_id, w.text, w.path, w.l1, d.title from windows w "
             "join documents d on d.id = w.doc_id "
             f"where (w.studied < ?{redo})" + only + " order by w.id",
             [per_window, STUDY] if hidden else [per_window],
@@ -353,8 +355,8 @@ def add_study(
     seed_base = int(reg.config.seed)
     total = 0
     starts = window_openings(reg, {r["doc_id"] for r in rows})
-    for first in range(0, len(rows), STUDY_WINDOWS):
-        chunk = rows[first : first + STUDY_WINDOWS]
+    done = 0
+    for chunk in study_chunks(rows):
         asked = [
             (
                 r["text"],
@@ -364,11 +366,26 @@ def add_study(
             for r in chunk
         ]
         sampled = sample_continuations(anchor, asked, separator, layers=layers)
-        for n, r, conts in zip(range(first, first + len(chunk)), chunk, sampled, strict=True):
-            total += _store(reg, tok, r, conts, per_window, grounded, router)
-            if progress:
-                progress("self-study", n + 1, len(rows))
+        with reg.db.atomic():  # a chunk at a time: an interrupted run resumes at the next chunk, sampled alike
+            for r, conts in zip(chunk, sampled, strict=True):
+                total += _store(reg, tok, r, conts, per_window, grounded, router)
+        done += len(chunk)
+        if progress:
+            progress("self-study", done, len(rows))
     return total, time.perf_counter() - t0
+
+
+def study_chunks(rows: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The windows sampled together: consecutive windows (in id order) of one document in one level-1
+    subtree, up to STUDY_WINDOWS of them. A window's teacher distributions depend, in their last bits,
+    on the windows batched with it (padding and batch shape change how sums round), so a chunk holds only
+    windows that every run studying one of them studies with it: forgetting another document, training
+    one subtree alone (`--subtree`, separate jobs merged later) or resuming changes no chunk, and exact
+    forgetting stays bit-identical."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((str(r["doc_id"]), int(r["l1"])), []).append(r)
+    return [g[i : i + STUDY_WINDOWS] for g in groups.values() for i in range(0, len(g), STUDY_WINDOWS)]
 
 
 def _store(
@@ -381,7 +398,7 @@ def _store(
     router: tuple[Any, Any] | None,
 ) -> int:
     """One window's continuations (cut where they invent, with `grounded`) as its `study` prompts, in place
-    of its earlier ones, in one transaction: an interrupted run resumes at the next window. Under nearest
+    of its earlier ones (add_study stores a chunk of windows in one transaction). Under nearest
     routing (`router` None) they train on the window's own path; otherwise (embedder, tree) routes each
     from its seed. Returns how many."""
     if grounded:
