@@ -19,7 +19,7 @@ from memctl.registry import Registry
 from memctl.registry.checkpoints import checkpoint_path
 from memctl.train.checkpoint import TrainState, decode, encode
 from memctl.train.diverge import DIVERGED_RATIO, diverged, epoch_means, kind_counts
-from memctl.train.loop import TrainEvent
+from memctl.train.events import TrainEvent, TrainingInterrupted
 from memctl.train.run import train
 
 
@@ -217,7 +217,7 @@ def test_a_rollback_unit_that_drifts_after_an_epoch_passed_goes_back_to_that_epo
             os.kill(os.getpid(), signal.SIGINT)  # the training loop's Ctrl-C: stop at the next step
 
     fired["done"] = False
-    with pytest.raises(loop.TrainingInterrupted):
+    with pytest.raises(TrainingInterrupted):
         train("after", cfg, subtree=0, home=home, progress=interrupt)
     assert fired["done"]
     ckpt = checkpoint_path(banks["after"].checkpoint_dir(), "0")

@@ -35,11 +35,8 @@ from ..model.memory import PARTS
 from ..registry import Registry, dumps, lock, memctl_home
 from ..registry.runs import interrupt_dead_runs
 from .dataparallel import DataParallel, check_dp, make_groups
+from .events import INTERRUPTED, TrainEvent, TrainingInterrupted, TrainResult
 from .loop import (
-    INTERRUPTED,
-    TrainEvent,
-    TrainingInterrupted,
-    TrainResult,
     _keep_freed_memory,
     load_bank_anchor,
     prepare_training,

@@ -1,5 +1,5 @@
 """Training one unit: the step loop (batches, losses, optimizer, checkpoints, early stopping), the
-anchor and prompts it needs, and the events it reports. memctl.train.run runs it for every unit of a
+anchor and prompts it needs; the events it reports are memctl.train.events. memctl.train.run runs it for every unit of a
 bank in one process; memctl.train.distributed across ranks.
 """
 
@@ -11,7 +11,6 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import numpy as np
 import torch
 
 from ..core.config import TrainConfig
-from ..core.errors import BankStateError, MemctlError
+from ..core.errors import BankStateError
 from ..core.placement import CPU, Placement
 from ..model.anchor import Anchor, attention, load_anchor, training_attention
 from ..model.prefix import head_split_matches
@@ -41,6 +40,7 @@ from .checkpoint import decode as decode_checkpoint
 from .dataparallel import DataParallel
 from .distill import PrepareReport, generate_prompts, heldout_accuracy, heldout_loss, heldout_prompts, prepare
 from .diverge import STATES, diverged, epoch_means, kind_counts
+from .events import TrainEvent
 from .keepstates import read_pool_states
 from .optim import BlockAdamW, clip_grad_norm, lr_at
 from .preserve import own_window_samples, prepare_pool
@@ -49,55 +49,6 @@ from .retire import Retired, epoch_plan, retire, sits_out
 from .stopping import should_stop
 from .study import hidden_layers
 from .units import UnitParams, unit_of
-
-
-@dataclass
-class TrainEvent:
-    unit: str
-    unit_no: int
-    n_units: int
-    step: int
-    total_steps: int
-    epoch: int
-    loss: float
-    tokens: int  # tokens trained so far in this unit
-    tokens_per_s: float
-    heldout: float | None = None  # held-out prompt accuracy after the last finished epoch
-    # at the end of an epoch: each batch kind's mean loss in it (lm, kd, keep: memctl.train.diverge),
-    # and why the unit now starts over or rolls back at half the learning rate (its loss diverged or drifted)
-    epoch_losses: dict[str, float] | None = None
-    restart: str | None = None
-    # with `restart`: the epochs the unit keeps, rolling back to the end of the last one the guard passed
-    # (`--on-drift rollback`; 0: it starts over from its seeded initial state)
-    kept: int = 0
-    sitting: int | None = None  # at the end of an epoch under `train --retire`: samples sitting the next one out
-
-
-@dataclass
-class TrainResult:
-    bank: str
-    units: list[UnitResult] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    interrupted: bool = False
-    prepare: PrepareReport | None = None  # prompts and teacher cache (distill and mix)
-    placement: str = "cpu fp32"  # where the anchor ran and its dtype (Placement.label)
-    rank: int = 0  # under torchrun: this process's rank, the number of ranks, the units it trained
-    world: int = 1
-    assigned: list[str] = field(default_factory=list)
-    dp: int = 1  # ranks that trained each unit together, and this rank's gradient reductions:
-    dp_steps: int = 0  # steps, bytes summed, and bytes had every block of the unit been summed
-    dp_bytes: int = 0
-    dp_dense_bytes: int = 0
-
-    @property
-    def tokens(self) -> int:
-        return sum(u.tokens for u in self.units)
-
-
-class TrainingInterrupted(MemctlError):
-    """Ctrl-C during training: the last step was checkpointed."""
-
-    exit_code = 130
 
 
 # ---- the loop ---------------------------------------------------------------------------------------
@@ -431,9 +382,6 @@ def _ends(losses: dict[str, list[float]]) -> tuple[float, float]:
     if not ends:
         return float("nan"), float("nan")
     return float(np.mean([f for f, _ in ends])), float(np.mean([la for _, la in ends]))
-
-
-INTERRUPTED = "training interrupted; checkpoint saved, run `memctl train` to resume"
 
 
 def load_bank_anchor(reg: Registry, home: Path, place: Placement = CPU) -> Anchor:

@@ -36,9 +36,8 @@ from ..registry.checkpoints import drop_checkpoint
 from ..registry.lock import bank_lock
 from ..registry.private import private_dir, touch_private, write_private
 from .distill import PrepareReport
+from .events import TrainEvent, TrainingInterrupted
 from .loop import (
-    TrainEvent,
-    TrainingInterrupted,
     load_bank_anchor,
     prepare_training,
     sigint_flag,

@@ -22,11 +22,8 @@ from ..registry import Registry, dumps, memctl_home, now
 from ..registry.lock import bank_lock
 from ..registry.runs import interrupt_dead_runs, retrained_since
 from .distributed import World, train_distributed
+from .events import INTERRUPTED, TrainEvent, TrainingInterrupted, TrainResult
 from .loop import (
-    INTERRUPTED,
-    TrainEvent,
-    TrainingInterrupted,
-    TrainResult,
     load_bank_anchor,
     prepare_training,
     sigint_flag,
