@@ -1,6 +1,6 @@
-"""Training one unit: the step loop (batches, losses, optimizer, checkpoints, early stopping), the
-anchor and prompts it needs; the events it reports are memctl.train.events. memctl.train.run runs it for every unit of a
-bank in one process; memctl.train.distributed across ranks.
+"""Training one unit: the step loop (batches, losses, optimizer, checkpoints, early stopping) and the
+anchor and prompts it needs; the events it reports are memctl.train.events. memctl.train.run runs it
+for every unit of a bank in one process; memctl.train.distributed across ranks.
 """
 
 from __future__ import annotations
