@@ -67,6 +67,7 @@ VARIANTS: dict[str, list[str]] = {
     "study4q4": ["--study", "4", "--questions", "4"],
     "epochs24": ["--study", "0", "--epochs", "24", "--patience", "6"],
     "retire2": ["--study", "2", "--retire", "2"],  # learned prompts sit 2 epochs out (memctl.train.retire)
+    "study2echo4": ["--study", "2", "--echo", "4"],  # cloze statements asked back as questions (memctl.train.echo)
 }
 # corpus -> (build script, documents file, main probes, question-form probes)
 CORPORA: dict[str, tuple[str, str, str, str]] = {
@@ -314,7 +315,9 @@ def subtree_coverage(home: Path, bank: str, subtree: int, variant: str) -> dict[
         def on(flag: str) -> bool:
             return flag in opts and opts[opts.index(flag) + 1] != "0"
 
-        return bank_coverage(reg, questions=on("--questions"), study=on("--study"), l1=subtree).to_dict()
+        return bank_coverage(
+            reg, questions=on("--questions"), study=on("--study"), l1=subtree, echo=on("--echo")
+        ).to_dict()
     finally:
         reg.close()
 

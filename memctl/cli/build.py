@@ -175,6 +175,14 @@ def train(
             "the window (distill and mix; written once per window; default 0: off, cloze prompts only)."
         ),
     ] = None,
+    echo: Annotated[
+        int | None,
+        typer.Option(
+            help="Cloze statements per window asked back as questions in the anchor's chat template "
+            "('The Group 4 protocol was published by what?'), one per sentence, answered as the teacher reading "
+            "the window answers (distill and mix; default 0: off)."
+        ),
+    ] = None,
     study: Annotated[
         int | None,
         typer.Option(
@@ -295,6 +303,7 @@ def train(
         "preserve_own": preserve_own,
         "preserve_by": preserve_by,
         "questions": questions,
+        "echo": echo,
         "study": study,
         "study_per_epoch": study_per_epoch,
         "retire": retire,

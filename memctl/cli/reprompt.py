@@ -18,9 +18,10 @@ def reprompt(
     no_wait: NoWaitOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Delete the cloze and paraphrase prompts that older prompt rules wrote (and their teacher cache), so
-    that the next `memctl train` writes them with this memctl's rules and retrains every unit (all trained
-    blocks become stale; they serve until retrained). Self-study continuations and questions are kept, but
+    """Delete the cloze and paraphrase prompts that older prompt rules wrote (and their teacher cache), with
+    the echo questions that ask them back (`train --echo`), so that the next `memctl train` writes them with
+    this memctl's rules and retrains every unit (all trained blocks become stale; they serve until
+    retrained). Self-study continuations and anchor-written questions are kept, but
     for a document of sections (a register, minutes) whose seeds named its title: the next `train` samples
     its continuations again, one seed per section."""
     from ..train.reprompt import reprompt_bank

@@ -77,6 +77,7 @@ class MemoryConfig:
 
 
 MAX_QUESTIONS = 16
+MAX_ECHO = 32
 MAX_STUDY = 32
 MAX_MATCH_HIDDEN = 100.0
 MAX_RESTARTS = 8  # each halves the learning rate: 1/256 of it after eight
@@ -109,6 +110,8 @@ class TrainConfig:
     # (memctl.train.preserve.own_window_samples); 0: off
     preserve_own: float = 0.0
     questions: int = 0  # questions per window written by the anchor (memctl.train.questions); 0: cloze prompts only
+    # cloze statements per window asked back as questions in the chat template (memctl.train.echo); 0: off
+    echo: int = 0
     # self-study continuations per window sampled by the open-book teacher (memctl.train.study); 0: off. Two
     # scored at least as well as cloze prompts alone on all three corpora of benchmarks/corpora.py (docs/corpora.md)
     study: int = 2
@@ -158,6 +161,10 @@ class TrainConfig:
             raise InputError(f"--preserve-pool must be at least 1, got {self.preserve_pool}")
         if not 0 <= self.questions <= MAX_QUESTIONS:
             raise InputError(f"--questions must be between 0 and {MAX_QUESTIONS}, got {self.questions}")
+        if not 0 <= self.echo <= MAX_ECHO:
+            raise InputError(f"--echo must be between 0 and {MAX_ECHO}, got {self.echo}")
+        if self.echo > 0 and self.objective == "lm":
+            raise InputError("--echo needs --objective distill or mix: echo questions are distilled from the teacher")
         if not 0 <= self.study <= MAX_STUDY:
             raise InputError(f"--study must be between 0 and {MAX_STUDY}, got {self.study}")
         if not 0 <= self.study_per_epoch <= MAX_STUDY:
@@ -221,6 +228,7 @@ def train_config_from_json(text: str) -> TrainConfig:
     # trained before questions, self-study or deep distillation existed (or with them off by default): without
     # them, so that retraining (forget, stale blocks) repeats how the bank was trained
     d.setdefault("questions", 0)
+    d.setdefault("echo", 0)
     d.setdefault("study", 0)
     d.setdefault("study_per_epoch", 0)
     d.setdefault("retire", 0)

@@ -195,6 +195,11 @@ def _m010_run_dtype(db: sqlite_utils.Database) -> None:
     db["runs"].add_column("dtype", str, not_null_default="fp32")
 
 
+def _m011_echo(db: sqlite_utils.Database) -> None:
+    """How many echo questions each window was asked for (memctl.train.echo, `train --echo`): 0 = none yet."""
+    db["windows"].add_column("echoed", int, not_null_default=0)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_prompts,
@@ -206,6 +211,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m008_study_hidden,
     _m009_prompt_rules,
     _m010_run_dtype,
+    _m011_echo,
 ]
 
 

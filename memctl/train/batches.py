@@ -125,24 +125,25 @@ def student_logp(logits: torch.Tensor, anchor_logits: torch.Tensor | None, mix: 
     return F.log_softmax(logits.float(), -1)
 
 
-def _left_out(questions: bool, study: bool) -> str:
+def _left_out(questions: bool, study: bool, echo: bool = False) -> str:
     """SQL condition on `p.kind` leaving out the kinds a run does not train on."""
-    return "".join(f" and p.kind != '{k}'" for k in untrained_kinds(questions, study))
+    return "".join(f" and p.kind != '{k}'" for k in untrained_kinds(questions, study, echo))
 
 
 def prompt_samples(
-    reg: Registry, unit: str, questions: bool = False, study: bool = False, hidden: bool = False
+    reg: Registry, unit: str, questions: bool = False, study: bool = False, hidden: bool = False, echo: bool = False
 ) -> list[Sample]:
     """Trained (not held-out) prompts of a unit: on the prompt's own route when it lies in the unit,
     and on its window's route when that lies in the unit and differs (both paths are trained).
     Anchor-written questions (memctl.train.questions) only with `questions`, self-study continuations
-    (memctl.train.study) only with `study`; with `hidden`, the teacher's hidden states where stored."""
+    (memctl.train.study) only with `study`, echo questions (memctl.train.echo) only with `echo`; with
+    `hidden`, the teacher's hidden states where stored."""
     sql = (
         "select p.id, p.doc_id, p.window_id, p.kind, p.ids, p.n_prompt, p.topk_idx, p.topk_logp, p.path, "
         "w.path as wpath"
         + (", p.hidden " if hidden else " ")
         + "from prompts p join windows w on w.id = p.window_id where p.held_out = 0 and p.topk_idx is not null"
-        + _left_out(questions, study)
+        + _left_out(questions, study, echo)
     )
     out, cloze = [], []  # every prompt in id order; the cloze ones, which may ride in a longer one
     rows = list(reg.db.query(sql + " order by p.id"))
@@ -259,6 +260,7 @@ def load_samples(
     questions: bool = False,
     study: bool = False,
     hidden: bool = False,
+    echo: bool = False,
 ) -> list[Sample]:
     """The unit's samples for an objective: lm = windows, distill = prompts, mix = both. Under
     distill, a window that yields no prompt (nothing salient to ask about) is learned next-token.
@@ -268,10 +270,10 @@ def load_samples(
         return window_samples(reg, anchor, unit)
     windows = window_samples(reg, anchor, unit)
     if objective == "distill":
-        sql = "select distinct window_id from prompts p where 1 = 1" + _left_out(questions, study)
+        sql = "select distinct window_id from prompts p where 1 = 1" + _left_out(questions, study, echo)
         prompted = {f"w{r['window_id']}" for r in reg.db.query(sql)}
         windows = [w for w in windows if w.key not in prompted]
-    return windows + prompt_samples(reg, unit, questions, study, hidden)
+    return windows + prompt_samples(reg, unit, questions, study, hidden, echo)
 
 
 def unit_seed(seed: int, unit: str) -> list[int]:

@@ -65,13 +65,18 @@ class Coverage:
 
 
 def bank_coverage(
-    reg: Registry, questions: bool = False, study: bool = False, l1: int | None = None, sample: int | None = None
+    reg: Registry,
+    questions: bool = False,
+    study: bool = False,
+    l1: int | None = None,
+    sample: int | None = None,
+    echo: bool = False,
 ) -> Coverage:
     """Coverage of every window (of level-1 subtree `l1`, when given) by the prompts the student trains
     on (never the held-out ones): cloze and paraphrase answers, anchor-written questions' answers with
-    `questions`, self-study continuations with `study`. With `sample`, at most that many windows,
+    `questions`, self-study continuations with `study`, echo questions' answers with `echo`. With `sample`, at most that many windows,
     spread evenly over the table (`Coverage.sampled`): what `info` and `eval` read on a large bank."""
-    left_out = untrained_kinds(questions, study)
+    left_out = untrained_kinds(questions, study, echo)
     only = "" if l1 is None else f" where l1 = {int(l1)}"
     ids = [r[0] for r in reg.db.execute("select id from windows" + only + " order by id")]
     picked = ids if sample is None or len(ids) <= sample else [ids[i * len(ids) // sample] for i in range(sample)]
@@ -119,6 +124,10 @@ def coverage_report(reg: Registry, runs: list[dict[str, Any]] | None = None) -> 
     if tcfg is not None and tcfg.objective == "lm":
         return {"objective": "lm"}  # next-token training learns every window itself: nothing to cover
     cov = bank_coverage(
-        reg, questions=bool(tcfg and tcfg.questions), study=bool(tcfg and tcfg.study), sample=COVERAGE_SAMPLE
+        reg,
+        questions=bool(tcfg and tcfg.questions),
+        study=bool(tcfg and tcfg.study),
+        sample=COVERAGE_SAMPLE,
+        echo=bool(tcfg and tcfg.echo),
     )
     return cov.to_dict()

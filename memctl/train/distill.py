@@ -33,7 +33,8 @@ from ..model.prefix import on_model
 from ..registry import Registry
 from .batches import Sample, _teacher, batch_loss, collate, loss_positions
 from .coverage import bank_coverage
-from .kinds import QUESTION
+from .echo import add_echo
+from .kinds import ECHO, QUESTION
 from .prompts import RULES, joins_without_space, prompts_for
 from .questions import ANSWER_TOKENS, answer_questions, chat_prompt, write_questions
 from .reprompt import settle
@@ -104,9 +105,11 @@ def generate_prompts(reg: Registry, progress: Progress | None = None) -> int:
 
 def _answer_ids(tok: Any, answer: str, kind: str = "cloze", prompt: str = "") -> list[int]:
     """A cloze answer continues its sentence after a space (none after "(1801-"); a question's answer
-    opens the assistant's turn."""
+    (and an echo question's, a cloze answer) opens the assistant's turn."""
     if kind == QUESTION:
         return tok(answer, add_special_tokens=False)["input_ids"][:ANSWER_TOKENS]
+    if kind == ECHO:
+        return tok(answer, add_special_tokens=False)["input_ids"][:MAX_ANSWER_TOKENS]
     sep = "" if joins_without_space(prompt) else " "
     return tok(sep + answer, add_special_tokens=False)["input_ids"][:MAX_ANSWER_TOKENS]
 
@@ -240,9 +243,11 @@ def prepare(
     units: list[str] | None = None,
     study_hidden: bool = False,
     study_grounded: bool = False,
+    echo: int = 0,
 ) -> PrepareReport:
-    """Cloze prompts, anchor-written questions (`questions` per window) and self-study continuations
-    (`study` per window; both for the windows of `units` only, when given without the generic memory;
+    """Cloze prompts, anchor-written questions (`questions` per window), echo questions (`echo` per window:
+    memctl.train.echo) and self-study continuations (`study` per window; the last three for the windows
+    of `units` only, when given without the generic memory;
     with `study_hidden`, the teacher's hidden states along them; with `study_grounded`, each cut before its
     first ungrounded claim: memctl.train.grounding), the teacher's cache for all of them,
     and the bank's coverage."""
@@ -250,6 +255,7 @@ def prepare(
     added = generate_prompts(reg, progress)
     l1s = None if units is None or "generic" in units else [int(u) for u in units]
     added += add_questions(reg, anchor, questions, progress, l1s)
+    added += add_echo(reg, anchor.tokenizer, echo, l1s)
     studied, study_seconds = add_study(
         reg, anchor, study, TEACHER_SEPARATOR, progress, l1s, study_hidden, grounded=study_grounded
     )
@@ -258,7 +264,7 @@ def prepare(
     row = reg.db.execute(
         "select avg(p.path != w.path), avg(p.l1 != w.l1) from prompts p join windows w on w.id = p.window_id"
     ).fetchone()
-    cov = bank_coverage(reg, questions=questions > 0, study=study > 0).to_dict()
+    cov = bank_coverage(reg, questions=questions > 0, study=study > 0, echo=echo > 0).to_dict()
     return PrepareReport(added, total, float(row[0] or 0.0), float(row[1] or 0.0), seconds, studied, study_seconds, cov)
 
 

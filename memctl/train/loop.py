@@ -95,7 +95,14 @@ def train_unit(
     samples = [
         s
         for s in load_samples(
-            reg, anchor, name, tcfg.objective, tcfg.questions > 0, tcfg.study > 0, tcfg.match_hidden > 0
+            reg,
+            anchor,
+            name,
+            tcfg.objective,
+            tcfg.questions > 0,
+            tcfg.study > 0,
+            tcfg.match_hidden > 0,
+            tcfg.echo > 0,
         )
         if s.doc_id not in exclude
     ]
@@ -404,7 +411,9 @@ def prepare_training(
     if tcfg.objective == "lm":  # prompts only to score held-out accuracy while training
         generate_prompts(reg, stage)
     else:
-        report = prepare(reg, anchor, stage, tcfg.questions, tcfg.study, todo, tcfg.match_hidden > 0, tcfg.ground_study)
+        report = prepare(
+            reg, anchor, stage, tcfg.questions, tcfg.study, todo, tcfg.match_hidden > 0, tcfg.ground_study, tcfg.echo
+        )
     if tcfg.preserve > 0:
         prepare_pool(reg, anchor, stage, tcfg.preserve_pool)
     split_head = head_split_ok(reg, anchor, todo, tcfg.objective)

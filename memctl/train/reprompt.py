@@ -6,8 +6,9 @@ deletes the rule-written prompts (cloze and paraphrase, with their teacher cache
 by older rules, so that the next `memctl train` writes them again, and marks every trained block stale,
 since new prompts are routed anew and any unit may receive one (and a document of sections written
 before v2 is studied again: its self-study seeds named its title). A window whose prompts the current rules
-would write the same (SAME_SINCE) is not outdated: it is recorded as current (`settle`). Self-study
-continuations and anchor-written questions do not come from the rules and are kept. No model is loaded here.
+would write the same (SAME_SINCE) is not outdated: it is recorded as current (`settle`). Echo questions
+(memctl.train.echo) ask the cloze statements back and go with them. Self-study continuations and
+anchor-written questions do not come from the rules and are kept. No model is loaded here.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from ..registry import Registry, now
 from ..registry.checkpoints import drop_checkpoints, pending_checkpoints
 from ..registry.lock import bank_lock
-from .kinds import RULE_KINDS
+from .kinds import ECHO, RULE_KINDS
 from .prompts import RULES
 from .sections import window_openings
 
@@ -117,6 +118,11 @@ def reprompt(reg: Registry, all_windows: bool = False) -> RepromptReport:
         deleted = reg.db.execute(
             f"delete from prompts where kind in ({kinds}) and window_id in (select id from windows where {where})"
         ).rowcount
+        # echo questions ask the cloze statements back (memctl.train.echo): they go with them, and are asked again
+        reg.db.execute(
+            f"delete from prompts where kind = ? and window_id in (select id from windows where {where})", [ECHO]
+        )
+        reg.db.execute(f"update windows set echoed = 0 where {where}")
         # self-study seeds of a document of sections named its title before v2: they are sampled again too
         before_v2 = _of_sections(reg, f"{where} and prompt_rules < 2")
         _set(reg, "studied", 0, [w for w, sections in before_v2.items() if sections])

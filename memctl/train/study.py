@@ -85,7 +85,7 @@ def subject_of(title: str, text: str) -> str:
     return " ".join(words).strip(" -*")
 
 
-def _chat(tokenizer: Any, content: str) -> str:
+def chat_turn(tokenizer: Any, content: str) -> str:
     """One user turn in the chat template, without the template's default system prompt where it writes
     one: an empty system turn is shorter (16 tokens fewer per SmolLM2 seed, 39 to 23 for "Tell me about
     {S}.", a fifth of that seed and its continuation), so each continuation trains that many fewer
@@ -106,7 +106,7 @@ def _chat(tokenizer: Any, content: str) -> str:
 def seeds_for(tokenizer: Any, subject: str) -> list[Seed]:
     """Seeds naming the subject: questions in the chat template, or raw seeds without one."""
     if getattr(tokenizer, "chat_template", None):
-        return [Seed(_chat(tokenizer, q), q, True) for q in (s.format(S=subject) for s in CHAT_SEEDS)]
+        return [Seed(chat_turn(tokenizer, q), q, True) for q in (s.format(S=subject) for s in CHAT_SEEDS)]
     return [Seed(s.format(S=subject), s.format(S=subject), False) for s in RAW_SEEDS]
 
 
@@ -121,7 +121,7 @@ def teacher_context(tokenizer: Any, window: str, seeds: Sequence[Seed], separato
     turn. A raw seed: the window, `separator`, then the seed."""
     if not seeds or not seeds[0].chat:
         return window + separator, [s.text for s in seeds]
-    fulls = [_chat(tokenizer, f"{window}\n\n{s.query}") for s in seeds]
+    fulls = [chat_turn(tokenizer, f"{window}\n\n{s.query}") for s in seeds]
     cut = fulls[0].index(window) + len(window)
     prefix = fulls[0][:cut]
     assert all(f.startswith(prefix) for f in fulls), "the chat template renders the window differently per seed"

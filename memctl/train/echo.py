@@ -1,0 +1,117 @@
+"""Cloze statements asked back as questions, in the anchor's chat template (`train --echo N`).
+
+A cloze prompt is a statement of the window cut before a fact ("The Group 4 protocol was published by"
+-> "CCITT"). The memories learn it as a continuation of that wording, and a question asked in other
+words often misses it: language models trained on one form of a fact recall it from that form
+(Allen-Zhu and Li, *Physics of Language Models 3.1*, 2023), and questions about some facts in training
+help them answer questions about others. An echo question
+turns the statement into a question without any rule about the corpus's style: the statement, then
+"what?" ("The Group 4 protocol was published by what?"), asked in a user turn. The student reads the
+question alone, with the memories of its own route; the open-book teacher reads the window before it,
+and the student learns the teacher's distributions over the cloze's answer, which opens the
+assistant's turn.
+
+Each window gets up to N, from distinct sentences (the first fact of each, in the order its cloze
+prompts were written), never from a held-out cloze prompt, so held-out scoring still reads facts the
+student never saw. Echo prompts are rows of the prompts table with their window and document, so
+`forget` removes them with the document, and they derive from the window's own cloze prompts alone, so
+forgetting another document never changes them. `reprompt` drops them with the cloze prompts they
+came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..build.embed import get_embedder
+from ..build.routing import route_prompts
+from ..core.errors import InputError
+from ..registry import Registry
+from .kinds import ECHO
+from .study import chat_turn
+
+ASK = " what?"
+_TRAILING = " ,;:("  # a statement cut after these reads as a question once they go ("...pictures, what?")
+
+
+def echo_question(statement: str) -> str:
+    """The question a cloze statement asks: the statement, then "what?"."""
+    return statement.rstrip(_TRAILING) + ASK
+
+
+def pick_statements(clozes: Sequence[tuple[str, str]], n: int) -> list[int]:
+    """Indices of up to `n` cloze prompts (statement, answer) from distinct sentences: a prompt is of a
+    sentence already picked when one's statement and answer starts the other's statement, or the other way
+    round ("published by" -> "CCITT" and "published by CCITT in" -> "1993" are one sentence)."""
+    picked: list[int] = []
+    fulls: list[str] = []
+    for i, (text, answer) in enumerate(clozes):
+        if len(picked) >= n:
+            break
+        full = f"{text} {answer}"
+        if any(full.startswith(f) or f.startswith(text) for f in fulls):
+            continue
+        picked.append(i)
+        fulls.append(full)
+    return picked
+
+
+def add_echo(reg: Registry, tokenizer: Any, per_window: int, l1s: Sequence[int] | None = None) -> int:
+    """Echo questions for every window last echoed with another count than `per_window` (its earlier ones
+    are replaced); with `l1s`, only the windows of those level-1 subtrees. Each is routed from the question
+    alone to the nearest window of its own document, and trained, never held out. Returns how many."""
+    if per_window <= 0:
+        return 0
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError("--echo needs an anchor whose tokenizer has a chat template")
+    only = f" and l1 in ({','.join(str(int(x)) for x in l1s)})" if l1s is not None else ""
+    windows = [
+        int(r[0])
+        for r in reg.db.execute(
+            f"select id from windows where prompted = 1 and echoed != ?{only} order by id", [per_window]
+        )
+    ]
+    if not windows:
+        return 0
+    made: list[dict[str, Any]] = []
+    bare: list[str] = []
+    for s in range(0, len(windows), 500):
+        chunk = windows[s : s + 500]
+        marks = ",".join("?" * len(chunk))
+        by_window: dict[int, list[dict[str, Any]]] = {}
+        for r in reg.db.query(
+            f"select window_id, doc_id, text, answer from prompts where kind = 'cloze' and held_out = 0 "
+            f"and window_id in ({marks}) order by window_id, id",
+            chunk,
+        ):
+            by_window.setdefault(int(r["window_id"]), []).append(r)
+        for rows in by_window.values():
+            for i in pick_statements([(r["text"], r["answer"]) for r in rows], per_window):
+                r = rows[i]
+                q = echo_question(r["text"])
+                made.append(
+                    {
+                        "window_id": r["window_id"],
+                        "doc_id": r["doc_id"],
+                        "kind": ECHO,
+                        "text": chat_turn(tokenizer, q),
+                        "answer": r["answer"],
+                        "held_out": 0,
+                    }
+                )
+                bare.append(q)
+    if made:
+        routes = route_prompts(reg, get_embedder(reg.config.embedder).encode(bare), [m["doc_id"] for m in made])
+        for m, path in zip(made, routes, strict=True):
+            m["path"] = ",".join(map(str, path))
+            m["l1"] = int(path[0])
+    with reg.db.atomic():
+        for s in range(0, len(windows), 500):
+            chunk = windows[s : s + 500]
+            marks = ",".join("?" * len(chunk))
+            reg.db.execute(f"delete from prompts where kind = ? and window_id in ({marks})", [ECHO, *chunk])
+            reg.db.execute(f"update windows set echoed = ? where id in ({marks})", [per_window, *chunk])
+        if made:
+            reg.db["prompts"].insert_all(made, batch_size=1000)
+    return len(made)

@@ -1,0 +1,164 @@
+"""Echo questions: cloze statements asked back as questions in the chat template (`train --echo`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from typer.testing import CliRunner
+
+from memctl.build.ingest import ingest
+from memctl.cli import app
+from memctl.model.anchor import load_anchor
+from memctl.registry import Registry
+from memctl.train.batches import prompt_samples
+from memctl.train.coverage import bank_coverage
+from memctl.train.distill import TEACHER_SEPARATOR, TOPK, prepare
+from memctl.train.echo import echo_question, pick_statements
+from memctl.train.kinds import ECHO
+from memctl.train.reprompt import reprompt
+from memctl.train.study import chat_turn
+
+
+def test_a_statement_is_asked_back_as_a_question() -> None:
+    assert echo_question("The Group 4 protocol was published by") == "The Group 4 protocol was published by what?"
+    # a statement cut after a comma, a colon or an opening parenthesis loses it
+    assert echo_question("It allows file types (e-mail, pictures,") == "It allows file types (e-mail, pictures what?"
+    assert echo_question("Acme: Current version, as of 2004-08-30:") == "Acme: Current version, as of 2004-08-30 what?"
+    assert echo_question("Nesald Thalard (") == "Nesald Thalard what?"
+
+
+def test_one_statement_per_sentence_the_first_fact_first() -> None:
+    clozes = [
+        ("The Group 4 protocol was published by", "CCITT"),
+        ("The Group 4 protocol was published by CCITT in", "1993"),  # the same sentence, a later fact
+        ("Group 4: Full details are available from", "ITU-T"),
+        ("Group 4: Full", "details"),  # its statement starts one already picked: the same sentence
+        ("Group 4 uses", "ISDN"),
+    ]
+    assert pick_statements(clozes, 8) == [0, 2, 4]
+    assert pick_statements(clozes, 2) == [0, 2]
+    assert pick_statements(clozes, 0) == []
+
+
+def _echoed(home: Path, corpus: Path, tiny_anchor: Path, per_window: int = 2) -> tuple[Registry, object]:
+    ingest("e", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    reg = Registry.open("e", home)
+    anchor = load_anchor(str(tiny_anchor), home)
+    report = prepare(reg, anchor, echo=per_window)
+    assert report.prompts_added > 0
+    return reg, anchor
+
+
+def test_echo_questions_are_cached_from_the_open_book_teacher_and_leave_with_their_document(
+    home: Path, corpus: Path, tiny_anchor: Path
+) -> None:
+    reg, anchor = _echoed(home, corpus, tiny_anchor)
+    tok = anchor.tokenizer
+    rows = list(
+        reg.db.query(
+            "select p.*, w.text as wtext, w.doc_id as wdoc, w.echoed from prompts p "
+            "join windows w on w.id = p.window_id where p.kind = ? order by p.id",
+            [ECHO],
+        )
+    )
+    assert rows and all(r["doc_id"] == r["wdoc"] and r["echoed"] == 2 and r["held_out"] == 0 for r in rows)
+    clozes = {
+        (r["window_id"], r["text"], r["answer"])
+        for r in reg.db.query("select window_id, text, answer from prompts where kind = 'cloze' and held_out = 0")
+    }
+    per_window: dict[int, int] = {}
+    for r in rows:
+        per_window[r["window_id"]] = per_window.get(r["window_id"], 0) + 1
+        # the question is a trained cloze statement of the same window, asked back in a user turn
+        found = [c for c in clozes if c[0] == r["window_id"] and chat_turn(tok, echo_question(c[1])) == r["text"]]
+        assert found and found[0][2] == r["answer"]
+        ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
+        assert ids[: r["n_prompt"]] == tok(r["text"], add_special_tokens=False)["input_ids"]
+        # the answer opens the assistant's turn, without a space before it
+        assert ids[r["n_prompt"] :] == tok(r["answer"], add_special_tokens=False)["input_ids"][:8]
+    assert max(per_window.values()) <= 2
+    # the cached top-k is the teacher's, reading the window before the question
+    for r in rows[:4]:
+        ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
+        w = tok(r["wtext"] + TEACHER_SEPARATOR, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logp = F.log_softmax(anchor.model(torch.tensor([w + ids])).logits[0].float(), -1)
+        n = len(ids) - r["n_prompt"] + 1
+        top = logp[torch.arange(len(w) + r["n_prompt"] - 1, len(w) + len(ids))].topk(TOPK, dim=-1)
+        assert np.array_equal(np.frombuffer(r["topk_idx"], dtype=np.int32).reshape(n, TOPK), top.indices.numpy())
+    # asked once per window
+    assert prepare(reg, anchor, echo=2).prompts_added == 0
+    # trained, and counted by coverage, only when asked for
+    with_echo = {s.key for u in ("0", "1") for s in prompt_samples(reg, u, echo=True)}
+    without = {s.key for u in ("0", "1") for s in prompt_samples(reg, u)}
+    assert without < with_echo and all(f"p{r['id']}" not in without for r in rows)
+    assert bank_coverage(reg, echo=True).by_kind[ECHO] > 0 and ECHO not in bank_coverage(reg).by_kind
+    doc = rows[0]["doc_id"]
+    reg.remove_documents([doc])  # what `forget` removes a document with
+    assert reg.db.execute("select count(*) from prompts where doc_id = ?", [doc]).fetchone()[0] == 0
+    assert reg.db.execute("select count(*) from prompts where kind = ?", [ECHO]).fetchone()[0] > 0
+
+
+def test_another_echo_count_replaces_a_windows_earlier_ones(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    reg, anchor = _echoed(home, corpus, tiny_anchor, per_window=1)
+
+    def asked() -> list[tuple[int, str]]:
+        return sorted((r["window_id"], r["text"]) for r in reg.db.query("select * from prompts where kind = ?", [ECHO]))
+
+    one = asked()
+    assert len({w for w, _ in one}) == len(one)  # one per window
+    prepare(reg, anchor, echo=3)
+    three = asked()
+    assert set(one) <= set(three) and len(set(three)) == len(three)  # the first statement first; none twice
+    assert {r[0] for r in reg.db.execute("select echoed from windows where prompted = 1")} == {3}
+    prepare(reg, anchor, echo=1)  # fewer again: the window's earlier ones go
+    assert asked() == one
+
+
+def test_reprompt_drops_the_echo_questions_of_the_statements_it_rewrites(
+    home: Path, corpus: Path, tiny_anchor: Path
+) -> None:
+    reg, anchor = _echoed(home, corpus, tiny_anchor)
+    before = sorted((r["window_id"], r["text"]) for r in reg.db.query("select * from prompts where kind = ?", [ECHO]))
+    reprompt(reg, all_windows=True)
+    assert reg.db.execute("select count(*) from prompts where kind = ?", [ECHO]).fetchone()[0] == 0
+    assert {r[0] for r in reg.db.execute("select echoed from windows")} == {0}
+    prepare(reg, anchor, echo=2)  # the same rules write the same statements: the same questions again
+    after = sorted((r["window_id"], r["text"]) for r in reg.db.query("select * from prompts where kind = ?", [ECHO]))
+    assert after == before
+
+
+def test_bad_echo_count_is_a_one_line_error_and_trains_nothing(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    ingest("v", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    for args, said in (
+        (["--echo", "-1"], "--echo must be between 0 and 32"),
+        (["--echo", "33"], "--echo must be between 0 and 32"),
+        (["--echo", "2", "--objective", "lm"], "--echo needs --objective distill or mix"),
+    ):
+        res = CliRunner().invoke(app, ["train", "--bank", "v", *args])
+        assert res.exit_code != 0 and "Traceback" not in res.output
+        assert res.output.strip().count("\n") == 0 and said in res.output
+    reg = Registry.open("v", home)
+    assert reg.count("prompts") == 0 and reg.db.execute("select count(*) from runs").fetchone()[0] == 0
+
+
+def test_train_with_echo_trains_them_and_records_it_for_retraining(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    import json
+
+    from memctl.core.config import train_config_from_json
+
+    ingest("t", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    args = ["train", "--bank", "t", "--epochs", "1", "--preserve", "0", "--study", "0", "--echo", "2", "--json"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["prepare"]["coverage"]["by_kind"][ECHO] > 0
+    reg = Registry.open("t", home)
+    (config,) = {r[0] for r in reg.db.execute("select config from runs where status = 'done'")}
+    assert train_config_from_json(config).echo == 2  # forget and stale blocks retrain with them
+    # a run recorded before echo questions existed trained without them
+    old = json.loads(config)
+    del old["echo"]
+    assert train_config_from_json(json.dumps(old)).echo == 0
