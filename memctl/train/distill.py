@@ -33,7 +33,8 @@ from ..model.prefix import on_model
 from ..registry import Registry
 from .batches import Sample, _teacher, batch_loss, collate, loss_positions
 from .coverage import bank_coverage
-from .kinds import QUESTION
+from .echo import add_echo
+from .kinds import ECHO, QUESTION
 from .prompts import RULES, joins_without_space, prompts_for
 from .questions import ANSWER_TOKENS, answer_questions, chat_prompt, write_questions
 from .reprompt import settle
@@ -107,6 +108,8 @@ def _answer_ids(tok: Any, answer: str, kind: str = "cloze", prompt: str = "") ->
     opens the assistant's turn."""
     if kind == QUESTION:
         return tok(answer, add_special_tokens=False)["input_ids"][:ANSWER_TOKENS]
+    if kind == ECHO:
+        return tok(answer, add_special_tokens=False)["input_ids"][:MAX_ANSWER_TOKENS]
     sep = "" if joins_without_space(prompt) else " "
     return tok(sep + answer, add_special_tokens=False)["input_ids"][:MAX_ANSWER_TOKENS]
 
@@ -250,6 +253,7 @@ def prepare(
     added = generate_prompts(reg, progress)
     l1s = None if units is None or "generic" in units else [int(u) for u in units]
     added += add_questions(reg, anchor, questions, progress, l1s)
+    added += add_echo(reg, anchor.tokenizer, l1s)
     studied, study_seconds = add_study(
         reg, anchor, study, TEACHER_SEPARATOR, progress, l1s, study_hidden, grounded=study_grounded
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 RULE_KINDS = ("cloze", "paraphrase")  # written by the rules of memctl.train.prompts (versioned: its RULES)
 QUESTION = "question"  # an anchor-written question (memctl.train.questions)
 STUDY = "study"  # a self-study continuation (memctl.train.study)
+ECHO = "echo"  # a cloze statement asked as a question in the chat template (memctl.train.echo)
 
 
 def untrained_kinds(questions: bool, study: bool) -> list[str]:
