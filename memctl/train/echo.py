@@ -4,12 +4,12 @@ A cloze prompt is a statement of the window cut before a fact ("The Group 4 prot
 -> "CCITT"). The memories learn it as a continuation of that wording, and a question asked in other
 words often misses it: language models trained on one form of a fact recall it from that form
 (Allen-Zhu and Li, *Physics of Language Models 3.1*, 2023), and questions about some facts in training
-help them answer questions about others. An echo question
-turns the statement into a question without any rule about the corpus's style: the statement, then
-"what?" ("The Group 4 protocol was published by what?"), asked in a user turn. The student reads the
-question alone, with the memories of its own route; the open-book teacher reads the window before it,
-and the student learns the teacher's distributions over the cloze's answer, which opens the
-assistant's turn.
+help them answer questions about others. An echo question turns the statement into a question without
+any rule about the corpus's style: the statement, then "what?" ("The Group 4 protocol was published by
+what?"), asked in a user turn. The student reads the question alone, with the memories of its own
+route; the open-book teacher reads the window before it, and the student learns the teacher's
+distributions over the cloze's answer, which opens the assistant's turn. On foldoc it took the
+question-form probes from 6 to 14 of 64, almost all on the facts it asked back (docs/corpora.md).
 
 Each window gets up to N, from distinct sentences (the first fact of each, in the order its cloze
 prompts were written), never from a held-out cloze prompt, so held-out scoring still reads facts the
