@@ -74,8 +74,9 @@ def bank_coverage(
 ) -> Coverage:
     """Coverage of every window (of level-1 subtree `l1`, when given) by the prompts the student trains
     on (never the held-out ones): cloze and paraphrase answers, anchor-written questions' answers with
-    `questions`, self-study continuations with `study`, echo questions' answers with `echo`. With `sample`, at most that many windows,
-    spread evenly over the table (`Coverage.sampled`): what `info` and `eval` read on a large bank."""
+    `questions`, self-study continuations with `study`, echo questions' answers with `echo`. With
+    `sample`, at most that many windows, spread evenly over the table (`Coverage.sampled`): what `info`
+    and `eval` read on a large bank."""
     left_out = untrained_kinds(questions, study, echo)
     only = "" if l1 is None else f" where l1 = {int(l1)}"
     ids = [r[0] for r in reg.db.execute("select id from windows" + only + " order by id")]

@@ -99,10 +99,10 @@ def train_unit(
             anchor,
             name,
             tcfg.objective,
-            tcfg.questions > 0,
-            tcfg.study > 0,
-            tcfg.match_hidden > 0,
-            tcfg.echo > 0,
+            questions=tcfg.questions > 0,
+            study=tcfg.study > 0,
+            hidden=tcfg.match_hidden > 0,
+            echo=tcfg.echo > 0,
         )
         if s.doc_id not in exclude
     ]
