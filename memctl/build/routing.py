@@ -26,13 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..core.errors import InputError
 from ..core.relevance import NEAREST_SHARE, calibrate, leaf_similarity
 from ..core.tree import Tree, route, route_avoiding, route_beam
+from .embed import Progress, get_embedder
 
 if TYPE_CHECKING:
     from ..registry import Registry
@@ -134,6 +135,20 @@ def route_prompts(reg: Registry, x: np.ndarray, docs: Sequence[str], tree: Tree 
         vecs, paths = _window_arrays(found)
         out[idx] = paths[np.argmax(x[idx] @ vecs.T, axis=1)]  # ties: the document's first window
     return out
+
+
+def route_rows(
+    reg: Registry, rows: Sequence[dict[str, Any]], queries: Sequence[str], progress: Progress | None = None
+) -> None:
+    """Set "path" and "l1" on new prompt rows (each with its "doc_id") in place: each is routed by
+    `route_prompts` from its query (`queries[i]`, the text a user would type: a question without its
+    chat template), embedded with the bank's embedder."""
+    if not rows:
+        return
+    x = get_embedder(reg.config.embedder).encode(list(queries), progress=progress)
+    for m, path in zip(rows, route_prompts(reg, x, [m["doc_id"] for m in rows]), strict=True):
+        m["path"] = ",".join(map(str, path))
+        m["l1"] = int(path[0])
 
 
 def _window_arrays(rows: Sequence[tuple[str, bytes]]) -> tuple[np.ndarray, np.ndarray]:

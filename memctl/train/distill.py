@@ -25,8 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..build.embed import get_embedder
-from ..build.routing import route_prompts
+from ..build.routing import route_rows
 from ..core.probes import PROBE_TOKENS, is_correct
 from ..model.anchor import Anchor, greedy
 from ..model.prefix import on_model
@@ -91,12 +90,7 @@ def generate_prompts(reg: Registry, progress: Progress | None = None) -> int:
                     "held_out": _held_out(r["id"], p.text),
                 }
             )
-    if made:
-        emb = get_embedder(reg.config.embedder).encode([m["text"] for m in made], progress=progress)
-        routes = route_prompts(reg, emb, [m["doc_id"] for m in made])
-        for m, path in zip(made, routes, strict=True):
-            m["path"] = ",".join(map(str, path))
-            m["l1"] = int(path[0])
+    route_rows(reg, made, [m["text"] for m in made], progress)
     with reg.db.atomic():
         reg.db["prompts"].insert_all(made, batch_size=1000)
         reg.db.execute("update windows set prompted = 1, prompt_rules = ? where prompted = 0", [RULES])
@@ -153,11 +147,7 @@ def add_questions(
                 bare.append(q)
         if progress:
             progress("answers", i + 1, len(rows))
-    if made:
-        routes = route_prompts(reg, get_embedder(reg.config.embedder).encode(bare), [m["doc_id"] for m in made])
-        for m, path in zip(made, routes, strict=True):
-            m["path"] = ",".join(map(str, path))
-            m["l1"] = int(path[0])
+    route_rows(reg, made, bare)
     ids = [r["id"] for r in rows]
     marks = ",".join("?" * len(ids))
     with reg.db.atomic():

@@ -24,8 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..build.embed import get_embedder
-from ..build.routing import route_prompts
+from ..build.routing import route_rows
 from ..core.errors import InputError
 from ..registry import Registry
 from .kinds import ECHO
@@ -101,11 +100,7 @@ def add_echo(reg: Registry, tokenizer: Any, per_window: int, l1s: Sequence[int] 
                     }
                 )
                 bare.append(q)
-    if made:
-        routes = route_prompts(reg, get_embedder(reg.config.embedder).encode(bare), [m["doc_id"] for m in made])
-        for m, path in zip(made, routes, strict=True):
-            m["path"] = ",".join(map(str, path))
-            m["l1"] = int(path[0])
+    route_rows(reg, made, bare)
     with reg.db.atomic():
         for s in range(0, len(windows), 500):
             chunk = windows[s : s + 500]
