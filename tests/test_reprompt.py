@@ -35,9 +35,18 @@ def test_reprompt_rewrites_what_older_rules_wrote_and_retrains(home: Path, corpu
     assert outdated_note(reg) is None and reprompt(reg).windows == 0  # nothing to rewrite: nothing changes
     assert reg.db.execute("select count(*) from blocks where state = 'stale'").fetchone()[0] == 0
 
-    old = [r[0] for r in reg.db.execute("select id from windows order by id limit 2")]
-    reg.db.execute(f"update windows set prompt_rules = 0 where id in ({old[0]}, {old[1]})")  # as an older memctl
+    original = _rule_prompts(reg)
+    old = [r[0] for r in reg.db.execute("select id from windows order by id limit 3")]
+    reg.db.execute(f"update windows set prompt_rules = 0 where id in ({old[0]}, {old[1]}, {old[2]})")
+    for w in old[:2]:  # as an older memctl: other rules wrote one prompt of each of two windows otherwise
+        reg.db.execute(
+            "update prompts set text = text || ' (older rules)' where id = "
+            "(select min(id) from prompts where window_id = ? and kind = 'cloze')",
+            [w],
+        )
+    # the third window's prompts are what these rules write: it is not outdated (and `settle` records it)
     assert rules_state(reg).outdated == 2 and rules_state(reg).oldest == 0
+    old = old[:2]
     assert f"2 of {n} windows have cloze prompts written by older rules (v0; memctl now writes v{RULES})" in (
         outdated_note(reg) or ""
     )
@@ -55,13 +64,14 @@ def test_reprompt_rewrites_what_older_rules_wrote_and_retrains(home: Path, corpu
     assert rep["windows"] == 2 and rep["prompts_deleted"] == len(theirs) and len(rep["stale_blocks"]) == trained
     reg = Registry.open("r", home)
     assert _rule_prompts(reg, old) == [] and _rule_prompts(reg) == [p for p in before if p not in theirs]
+    assert reg.db.execute("select count(*) from windows where prompt_rules = 0").fetchone()[0] == 2  # settled
     assert reg.db.execute("select count(*) from prompts where kind = 'study'").fetchone()[0] == study  # kept
     assert reg.db.execute("select count(*) from blocks where state = 'trained'").fetchone()[0] == 0
     assert rules_state(reg).outdated == 0  # no longer prompted: the next train writes them
 
     res = train("r", TRAIN, home=home)  # writes the two windows' prompts again and retrains every unit
     reg = Registry.open("r", home)
-    assert _rule_prompts(reg) == before  # the same rules write the same prompts
+    assert _rule_prompts(reg) == original  # the same rules write the same prompts
     assert rules_state(reg).to_dict() == {"current": RULES, "windows": n, "outdated": 0, "oldest": None}
     assert reg.db.execute("select count(*) from blocks where state = 'trained'").fetchone()[0] == trained
     assert res.units and res.prepare is not None and res.prepare.prompts_added == len(theirs)

@@ -124,6 +124,28 @@ def test_span_rules_cover_single_names_acronyms_and_quoted_terms() -> None:
     assert set(got.values()) == {"J & C Migrations", "Big Iron"}
 
 
+def test_span_rules_cover_names_in_parentheses_after_an_owner_and_in_lists() -> None:
+    # a name opening a parenthesis is asked after the words before it; its second word is no answer alone
+    assert _answers("Group 4 fax sends files over digital (ISDN) telephone lines.", "Group 4") == {
+        "Group 4 fax sends files over digital": "ISDN"
+    }
+    got = _answers("It was first built in 1949 (United States) by Ada Wren.", "Kestrel")
+    assert got["Kestrel was first built in 1949"] == "United States"
+    assert "States" not in got.values()
+    got = _answers("Published by Orrin Press (Quorvane Books, 1989).", "Devil Book")
+    assert got["Devil Book was published by Orrin Press"] == "Quorvane Books"
+    # a name after its owner's ("Vantell's") and after a list's comma starts anew: it is no tail
+    got = _answers("The system grew out of Vantell's Project Orrin in 1990.", "Kestrel")
+    assert got["Kestrel: The system grew out of Vantell's"] == "Project Orrin"
+    assert _answers("It runs on Solaris, HP/UX and Linux.", "Kestrel")["Kestrel runs on Solaris,"] == "HP/UX"
+    # an answer the prompt already gives is whole words: "W" is not in "window", "Kestrel" not in "KESTRELSTEP"
+    got = _answers('Kestrel was named after an earlier window system called "W".', "Kestrel")
+    assert got['Kestrel was named after an earlier window system called "'] == "W"
+    got = _answers("An interface derived from KESTRELSTEP and proposed by Kestrel in 1994.", "OpenKes")
+    assert got["OpenKes: An interface derived from KESTRELSTEP and proposed by"] == "Kestrel"
+    assert _answers("The mill was sold by Orrin to Orrin in person.", "Vane") == {"Vane: The mill was sold by": "Orrin"}
+
+
 def test_coverage_on_a_hand_made_window() -> None:
     window = "Velma Orrick is a tide engineer. She was born in Brantholm in 1962."
     # content tokens: velma orrick tide engineer born brantholm 1962 (is, a, she, was, in: stop words)

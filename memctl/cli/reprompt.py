@@ -23,7 +23,8 @@ def reprompt(
     this memctl's rules and retrains every unit (all trained blocks become stale; they serve until
     retrained). Self-study continuations and anchor-written questions are kept, but
     for a document of sections (a register, minutes) whose seeds named its title: the next `train` samples
-    its continuations again, one seed per section."""
+    its continuations again, one seed per section. A window whose prompts this memctl's rules write the same
+    is kept as it is and recorded as written by them."""
     from ..train.reprompt import reprompt_bank
 
     rep = run(lambda: reprompt_bank(bank, all_windows=all_windows), no_wait)

@@ -33,7 +33,9 @@ from .sections import passages
 # records the version that wrote its prompts, and `memctl reprompt` rewrites those of older versions.
 #   1: 2026-11-26 (1c6a850): one-word names, acronyms, quoted terms, slashed dates (0: any rules before)
 #   2: 2026-11-28: in a document of sections, a prompt names its section's subject (memctl.train.sections)
-RULES = 2
+#   3: 2026-12-02: names that open a parenthesis, follow an owner ("MIT's") or a list's comma; an answer the
+#      prompt already gives is whole words
+RULES = 3
 
 # a sentence ends at . ! ? after a lowercase letter, a digit or a closing mark, so initials ("Jane Q. Example",
 # "Sir H. Davy") do not end one
@@ -74,7 +76,7 @@ _HEADER_KEYS = {"field", "key", "attribute", "property", "item", "name"}
 # and version numbers that continue it ("M. Cowlishaw", "John Q. Public", "University of Kent", "Windows 3.1")
 _WORD = r"[A-Z](?:[\w&/-]*\w)?(?:\+\+)?"
 _NAME = re.compile(
-    rf"(?<=[a-z0-9,;:)] )((?:{_TITLE}\.\s+)?(?:[A-Z]\.\s*)*{_WORD}"
+    rf"(?:(?<=[a-z0-9,;:)] )|(?<=[a-z0-9,;:] \())((?:{_TITLE}\.\s+)?(?:[A-Z]\.\s*)*{_WORD}"
     rf"(?:(?:\s+(?:[A-Z]\.\s*)*|\s+(?:of\s+(?:the\s+)?|&\s+)){_WORD})*"
     r"(?:\s+\d+(?:\.\d+)*(?![\w-]))?)"
 )
@@ -213,11 +215,18 @@ def _names_subject(answer: str, subject: str) -> bool:
     )
 
 
+def _gives(prefix: str, answer: str) -> bool:
+    """Whether `prefix` already says `answer`, as whole words ("W" is not in "window", "NeXT" not in "NEXTSTEP")."""
+    return re.search(rf"(?<!\w){re.escape(answer.lower())}(?!\w)", prefix.lower()) is not None
+
+
 def _is_name(span: str, before: str) -> bool:
     """A name span: not one letter ("J" of "J & C"), not a word any text capitalises ("The" after a colon),
     not the tail of a longer name ("Iron" of 'the "Big Iron"', "Box" of "Set Top Box")."""
-    last = before.split()[-1] if before.split() else ""
-    tail = (last[:1].isupper() or last[:1] in '"\u201c') and last.lower() not in _NOT_NAMES
+    last = before.split()[-1].lstrip("(") if before.split() else ""  # "States" of "(United States)" is a tail
+    # after an owner ("MIT's Project Athena") or a list's comma ("SunOS, ULTRIX") a name starts anew
+    owner = last.endswith(("'s", "\u2019s", ",", ";"))
+    tail = bool(last) and (last[0].isupper() or last[0] in '"\u201c') and last.lower() not in _NOT_NAMES and not owner
     return len(span) > 1 and span.lower() not in _NOT_NAMES and not tail
 
 
@@ -314,7 +323,7 @@ def _add_sentences(text: str, subject: str, add: Callable[..., None]) -> None:
             ranged = re.search(r"\d{4}\s*[-\u2013]$", prefix) and re.fullmatch(r"\d{4}", answer)
             if len(prefix.split()) < 2 or (prefix.endswith(("-", "/", "\u2013")) and not ranged):
                 continue
-            if answer.lower() in prefix.lower() or _names_subject(answer, subject):
+            if _gives(prefix, answer) or _names_subject(answer, subject):
                 continue  # an answer the prompt already gives, or the subject itself
             cloze = _with_subject(_explicit_subject(prefix, subject) if subject else prefix, subject)
             add("cloze", cloze, answer)

@@ -6,7 +6,8 @@ deletes the rule-written prompts (cloze and paraphrase, with their teacher cache
 by older rules, so that the next `memctl train` writes them again, and marks every trained block stale,
 since new prompts are routed anew and any unit may receive one (and a document of sections written
 before v2 is studied again: its self-study seeds named its title). A window whose prompts the current rules
-would write the same (SAME_SINCE) is not outdated: it is recorded as current (`settle`). Echo questions
+would write the same, prompt for prompt (these rules run again on its text: no model), is not outdated:
+it is recorded as current (`settle`). Echo questions
 (memctl.train.echo) ask the cloze statements back and go with them. Self-study continuations and
 anchor-written questions do not come from the rules and are kept. No model is loaded here.
 """
@@ -22,7 +23,7 @@ from ..registry import Registry, now
 from ..registry.checkpoints import drop_checkpoints, pending_checkpoints
 from ..registry.lock import bank_lock
 from .kinds import ECHO, RULE_KINDS
-from .prompts import RULES
+from .prompts import RULES, prompts_for
 from .sections import window_openings
 
 
@@ -45,11 +46,6 @@ class RepromptReport:
     checkpoints_dropped: int = 0
 
 
-# v2 changed the prompts of documents of sections only (memctl.train.sections): a window that v1 wrote, of any
-# other document, has the prompts v2 would write
-SAME_SINCE = {1: 2}
-
-
 def _of_sections(reg: Registry, where: str, params: Sequence[Any] = ()) -> dict[int, bool]:
     """For each window matching `where`: whether its document is a document of sections."""
     rows = list(reg.db.query(f"select id, doc_id from windows where {where}", list(params)))
@@ -58,12 +54,36 @@ def _of_sections(reg: Registry, where: str, params: Sequence[Any] = ()) -> dict[
 
 
 def _same_windows(reg: Registry) -> list[int]:
-    """Windows written by older rules whose prompts the current rules would write the same (SAME_SINCE)."""
+    """Windows written by older rules whose cloze and paraphrase prompts the current rules write the same.
+    A document of sections written before v2 is never one: its self-study seeds named its title."""
+    rows = list(
+        reg.db.query(
+            "select w.id, w.doc_id, w.text, w.prompt_rules, d.title from windows w join documents d on "
+            "d.id = w.doc_id where w.prompted = 1 and w.prompt_rules < ? order by w.id",
+            [RULES],
+        )
+    )
+    if not rows:
+        return []
+    starts = window_openings(reg, {r["doc_id"] for r in rows})
+    kinds = ", ".join(f"'{k}'" for k in RULE_KINDS)
     out: list[int] = []
-    for version, upto in SAME_SINCE.items():
-        if upto == RULES:
-            written = _of_sections(reg, "prompted = 1 and prompt_rules = ?", [version])
-            out += [w for w, sections in written.items() if not sections]
+    for i in range(0, len(rows), 500):
+        part = rows[i : i + 500]
+        stored: dict[int, list[tuple[str, str, str]]] = {int(r["id"]): [] for r in part}
+        for w, kind, text, answer in reg.db.execute(
+            f"select window_id, kind, text, answer from prompts where kind in ({kinds}) "
+            f"and window_id in ({','.join('?' * len(part))})",
+            [r["id"] for r in part],
+        ):
+            stored[int(w)].append((kind, text, answer))
+        for r in part:
+            start = starts[int(r["id"])]
+            if start is not None and r["prompt_rules"] < 2:
+                continue
+            now = prompts_for(r["text"], r["title"] or "", sections=start is not None, start=start or "")
+            if sorted((p.kind, p.text, p.answer) for p in now) == sorted(stored[int(r["id"])]):
+                out.append(int(r["id"]))
     return out
 
 
