@@ -28,6 +28,9 @@ def test_a_statement_is_asked_back_as_a_question() -> None:
     assert echo_question("It allows file types (e-mail, pictures,") == "It allows file types (e-mail, pictures what?"
     assert echo_question("Acme: Current version, as of 2004-08-30:") == "Acme: Current version, as of 2004-08-30 what?"
     assert echo_question("Nesald Thalard (") == "Nesald Thalard what?"
+    # a Q&A pair's prompt is a question already: it is asked as it is, with the subject it names
+    assert echo_question("Q: Who started Brevion Acoustics? A:") == "Who started Brevion Acoustics?"
+    assert echo_question("Jaskique Trust: Q: Anything else? A:") == "Jaskique Trust: Anything else?"
 
 
 def test_one_statement_per_sentence_the_first_fact_first() -> None:

@@ -21,6 +21,7 @@ came from.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,8 +35,15 @@ ASK = " what?"
 _TRAILING = " ,;:("  # a statement cut after these reads as a question once they go ("...pictures, what?")
 
 
+# a cloze prompt that is a question already: the pair of a Q&A document ("Q: Who started Brevion? A:")
+_ASKED = re.compile(r"^(.*?)(?:Q|Question):\s*([^?]+\?)\s*(?:A|Answer):$")
+
+
 def echo_question(statement: str) -> str:
-    """The question a cloze statement asks: the statement, then "what?"."""
+    """The question a cloze statement asks: the statement, then "what?"; a Q&A pair's own question."""
+    asked = _ASKED.match(statement.strip())
+    if asked:
+        return asked.group(1) + asked.group(2)
     return statement.rstrip(_TRAILING) + ASK
 
 
