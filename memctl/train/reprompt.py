@@ -103,14 +103,15 @@ def settle(reg: Registry) -> int:
 
 
 def rules_state(reg: Registry) -> RulesState:
-    same = set(_same_windows(reg))
-    old = [
-        (int(r["id"]), int(r["prompt_rules"]))
-        for r in reg.db.query("select id, prompt_rules from windows where prompted = 1 and prompt_rules < ?", [RULES])
-    ]
-    outdated = [v for i, v in old if i not in same]
-    n = reg.db.execute("select count(*) from windows where prompted = 1").fetchone()[0]
-    return RulesState(RULES, int(n), len(outdated), min(outdated) if outdated else None)
+    """How many windows older rules wrote, read from the registry alone (cheap, for `info` and the TUI): a
+    window whose prompts these rules write the same counts until `settle` records it (the next `train`
+    or `reprompt`)."""
+    n, outdated, oldest = reg.db.execute(
+        "select count(*), sum(prompt_rules < ?), min(case when prompt_rules < ? then prompt_rules end) "
+        "from windows where prompted = 1",
+        [RULES, RULES],
+    ).fetchone()
+    return RulesState(RULES, int(n), int(outdated or 0), None if oldest is None else int(oldest))
 
 
 def outdated_note(reg: Registry) -> str | None:
@@ -120,7 +121,8 @@ def outdated_note(reg: Registry) -> str | None:
         return None
     return (
         f"{st.outdated} of {st.windows} windows have cloze prompts written by older rules (v{st.oldest}; memctl now "
-        f"writes v{st.current}); `memctl reprompt --bank {reg.name}` rewrites them, then `memctl train` retrains"
+        f"writes v{st.current}); `memctl reprompt --bank {reg.name}` rewrites those these rules write otherwise, "
+        "then `memctl train` retrains"
     )
 
 
