@@ -33,8 +33,8 @@ from ..registry import Registry
 from .batches import Sample, _teacher, batch_loss, collate, loss_positions
 from .coverage import bank_coverage
 from .echo import add_echo
-from .kinds import ECHO, QUESTION
-from .prompts import RULES, joins_without_space, prompts_for
+from .kinds import ECHO, QUESTION, replace_kind
+from .prompts import RULES, joins_without_space, window_prompts
 from .questions import ANSWER_TOKENS, answer_questions, chat_prompt, write_questions
 from .reprompt import settle
 from .sections import window_openings
@@ -78,8 +78,7 @@ def generate_prompts(reg: Registry, progress: Progress | None = None) -> int:
     starts = window_openings(reg, {r["doc_id"] for r in rows})
     made: list[dict[str, Any]] = []
     for r in rows:
-        start = starts[int(r["id"])]
-        for p in prompts_for(r["text"], r["title"] or "", sections=start is not None, start=start or ""):
+        for p in window_prompts(r["text"], r["title"], starts[int(r["id"])]):
             made.append(
                 {
                     "window_id": r["id"],
@@ -148,13 +147,7 @@ def add_questions(
         if progress:
             progress("answers", i + 1, len(rows))
     route_rows(reg, made, bare)
-    ids = [r["id"] for r in rows]
-    marks = ",".join("?" * len(ids))
-    with reg.db.atomic():
-        reg.db.execute(f"delete from prompts where kind = ? and window_id in ({marks})", [QUESTION, *ids])
-        if made:
-            reg.db["prompts"].insert_all(made, batch_size=1000)
-        reg.db.execute(f"update windows set questioned = ? where id in ({marks})", [per_window, *ids])
+    replace_kind(reg, QUESTION, [r["id"] for r in rows], "questioned", per_window, made)
     return len(made)
 
 

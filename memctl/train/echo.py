@@ -28,7 +28,7 @@ from typing import Any
 from ..build.routing import route_rows
 from ..core.errors import InputError
 from ..registry import Registry
-from .kinds import ECHO
+from .kinds import ECHO, replace_kind
 from .study import chat_turn
 
 ASK = " what?"
@@ -109,12 +109,5 @@ def add_echo(reg: Registry, tokenizer: Any, per_window: int, l1s: Sequence[int] 
                 )
                 bare.append(q)
     route_rows(reg, made, bare)
-    with reg.db.atomic():
-        for s in range(0, len(windows), 500):
-            chunk = windows[s : s + 500]
-            marks = ",".join("?" * len(chunk))
-            reg.db.execute(f"delete from prompts where kind = ? and window_id in ({marks})", [ECHO, *chunk])
-            reg.db.execute(f"update windows set echoed = ? where id in ({marks})", [per_window, *chunk])
-        if made:
-            reg.db["prompts"].insert_all(made, batch_size=1000)
+    replace_kind(reg, ECHO, windows, "echoed", per_window, made)
     return len(made)

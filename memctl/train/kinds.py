@@ -8,6 +8,12 @@ model code: coverage reads this too.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..registry import Registry
+
 RULE_KINDS = ("cloze", "paraphrase")  # written by the rules of memctl.train.prompts (versioned: its RULES)
 QUESTION = "question"  # an anchor-written question (memctl.train.questions)
 STUDY = "study"  # a self-study continuation (memctl.train.study)
@@ -19,3 +25,18 @@ def untrained_kinds(questions: bool, study: bool, echo: bool = False) -> list[st
     continuations without `study`, echo questions without `echo` (what training loads and what coverage
     counts)."""
     return ([] if questions else [QUESTION]) + ([] if study else [STUDY]) + ([] if echo else [ECHO])
+
+
+def replace_kind(
+    reg: Registry, kind: str, windows: Sequence[int], column: str, count: int, rows: Sequence[dict[str, Any]]
+) -> None:
+    """In one transaction: the prompts of `kind` of `windows` become `rows`, and each window records
+    `count` in `column` (how many per window it was asked for: `questioned`, `echoed`)."""
+    with reg.db.atomic():
+        for s in range(0, len(windows), 500):
+            chunk = list(windows[s : s + 500])
+            marks = ",".join("?" * len(chunk))
+            reg.db.execute(f"delete from prompts where kind = ? and window_id in ({marks})", [kind, *chunk])
+            reg.db.execute(f"update windows set {column} = ? where id in ({marks})", [count, *chunk])
+        if rows:
+            reg.db["prompts"].insert_all(rows, batch_size=1000)

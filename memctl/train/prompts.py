@@ -302,6 +302,12 @@ def prompts_for(
     return [p for p in out if len(answers[p.text]) == 1][:max_per_window]
 
 
+def window_prompts(text: str, title: str | None, start: str | None) -> list[Prompt]:
+    """`prompts_for` of a window, given what `memctl.train.sections.window_openings` says of it: the name
+    its section opens on in a document of sections, None in any other document."""
+    return prompts_for(text, title or "", sections=start is not None, start=start or "")
+
+
 def _add_sentences(text: str, subject: str, add: Callable[..., None]) -> None:
     """Every prompt of `text`'s sentences, about `subject`, through `add(kind, prompt, answer[, min_words])`."""
     for sent in sentences(text):

@@ -23,7 +23,7 @@ from ..registry import Registry, now
 from ..registry.checkpoints import drop_checkpoints, pending_checkpoints
 from ..registry.lock import bank_lock
 from .kinds import ECHO, RULE_KINDS
-from .prompts import RULES, prompts_for
+from .prompts import RULES, window_prompts
 from .sections import window_openings
 
 
@@ -81,7 +81,7 @@ def _same_windows(reg: Registry) -> list[int]:
             start = starts[int(r["id"])]
             if start is not None and r["prompt_rules"] < 2:
                 continue
-            now = prompts_for(r["text"], r["title"] or "", sections=start is not None, start=start or "")
+            now = window_prompts(r["text"], r["title"], start)
             if sorted((p.kind, p.text, p.answer) for p in now) == sorted(stored[int(r["id"])]):
                 out.append(int(r["id"]))
     return out
