@@ -141,9 +141,47 @@ def test_span_rules_cover_names_in_parentheses_after_an_owner_and_in_lists() -> 
     # an answer the prompt already gives is whole words: "W" is not in "window", "Kestrel" not in "KESTRELSTEP"
     got = _answers('Kestrel was named after an earlier window system called "W".', "Kestrel")
     assert got['Kestrel was named after an earlier window system called "'] == "W"
-    got = _answers("An interface derived from KESTRELSTEP and proposed by Kestrel in 1994.", "OpenKes")
-    assert got["OpenKes: An interface derived from KESTRELSTEP and proposed by"] == "Kestrel"
-    assert _answers("The mill was sold by Orrin to Orrin in person.", "Vane") == {"Vane: The mill was sold by": "Orrin"}
+    got = _answers("It is an interface derived from KESTRELSTEP and proposed by Kestrel in 1994.", "OpenKes")
+    assert got["OpenKes is an interface derived from KESTRELSTEP and proposed by"] == "Kestrel"
+    got = _answers("The mill was sold by Orrin to Orrin in person.", "Vane")
+    assert got["Vane: The mill was sold by"] == "Orrin" and list(got.values()).count("Orrin") == 1
+
+
+def test_span_rules_read_definitions_opening_phrases_naming_phrases_and_sentence_ends() -> None:
+    # a passage that opens on a definition, as a dictionary or a glossary writes it, is read as "<S> is ..."
+    assert _answers("A vi lookalike which supports the ex commands.", "Elvis")["Elvis is a"] == "vi lookalike"
+    got = _answers("Orrin Labs' real time ledger for the Internet.", "Tallyhook")
+    assert got["Tallyhook is"] == "Orrin Labs"  # an owner's name opens it; the prompt names the subject
+    got = _answers("(QLP) A standard for ledgers. Ledgers use it.", "Quill Ledger Protocol")
+    assert got["Quill Ledger Protocol"] == "QLP"  # the alias, asked after the subject
+    assert got["Quill Ledger Protocol (QLP) is a"] == "standard"
+    # not a definition: a verb before its first clause word, a later sentence, "The", or it names its subject
+    assert "user" not in " ".join(_answers("A user can set the flag.", "Kestrel").values())
+    assert all(" is a" not in k for k in _answers("Kestrel ran. A vi lookalike which runs.", "Kestrel"))
+    assert "Kestrel is the" not in _answers("The system grew out of Project Orrin in 1990.", "Kestrel")
+    # a date or a name in a sentence's opening phrase is asked at the end of its main clause
+    got = _answers("In 1993, SAG submitted the CLI to ANSI, which approved it.", "ODBC")
+    assert got["ODBC: SAG submitted the CLI to ANSI in"] == "1993"
+    got = _answers("On 3 March 2021 Jane Roe joined Quorvane as treasurer.", "Jane Roe")
+    assert got["Jane Roe joined Quorvane as treasurer on"] == "3 March 2021"
+    got = _answers("At the end of 1997 there were two rival designs.", "56k")
+    assert got["56k: There were two rival designs at the end of"] == "1997"
+    # the term a naming phrase gives, without a participle that ends it; names with a dotted number or a lowercase start
+    got = _answers("It is the best known kind of malware known as ransomware. Its parts were named after birds.", "Orb")
+    assert got["Orb is the best known kind of malware known as"] == "ransomware"
+    assert got["Orb's parts were named after"] == "birds"
+    assert _answers("It was a programming language created by Ada Wren.", "Orb")["Orb was a"] == "programming language"
+    got = _answers("The ITU proposed a standard called V.90 and one for eBay, besides k56flex.", "56k")
+    assert {"V.90", "eBay", "k56flex"} <= set(got.values())
+    # a sentence's last phrase after a preposition, an article or a copula: where English puts the new information
+    got = _answers(
+        "Nibholt's job title is dye chemist. She works on hydrology. It is used in telecommunications.", "Nibholt"
+    )
+    assert got["Nibholt's job title is"] == "dye chemist"
+    assert got["Nibholt works on"] == "hydrology"
+    assert got["Nibholt is used in"] == "telecommunications"
+    assert "slowly" not in _answers("Nibholt said the river ran so slowly.", "Nibholt").values()  # an adverb
+    assert "answers" not in _answers("Nibholt: questions and answers", "Nibholt").values()  # after "and"
 
 
 def test_coverage_on_a_hand_made_window() -> None:

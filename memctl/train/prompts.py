@@ -7,14 +7,21 @@
   unless it is the subject itself or part of a short subject's name. Salient spans, meant for any style of text:
     - numbers, including either end of a range ("(1801-1882)") and the parts of a date;
     - whole dates in any common form ("14 March 1962", "March 14, 1962", "1962-03-14");
-    - names: a Capitalised word or an acronym inside a sentence ("born in Brisquay", "sold by IBM",
-      "from AT&T"), with the Capitalised words, "of" and trailing version numbers that continue it
+    - names: a Capitalised word, an acronym or a word with a capital or a digit after a lowercase start inside
+      a sentence ("born in Brisquay", "sold by IBM", "from AT&T", "standard called V.90", "eBay", "k56flex"),
+      with the Capitalised words, "of" and trailing version numbers that continue it
       ("University of Kent", "SQL Access Group", "Windows 3.1"), and one Capitalised word inside a
       parenthetical ("(also known as Example)");
     - a short quoted term ('known as "Chicago"');
     - the lowercase noun phrase after a copula ("is a theologian", "was an English composer", "serves as a
-      piano tuner");
+      piano tuner") and the term after a naming phrase ("known as ransomware", "named after birds");
+    - the lowercase phrase that ends a sentence after a preposition, an article or a copula, where English
+      puts the new information ("used in telecommunications", "job title is dye chemist");
     - the value of a list item or a field line ("- Born: 14 March 1962", "Employer | Quorvane").
+  A passage that opens on a definition, as dictionaries and glossaries write them ("A vi lookalike which
+  ...", "(ODBC) A standard for ..."), is read as the statement "<S> is a vi lookalike which ...". A span in a
+  sentence's opening phrase ("In 1993, SAG submitted the CLI ...") is asked at the end of the main clause
+  ("SAG submitted the CLI ... in" -> "1993"): a sentence's first words follow no prompt.
 * paraphrase: the same fact asked in other generic English forms:
     - attribute form  "<S> ... with atomic number 2"      -> "The atomic number of <S> is"
     - agent deletion  "<S> was discovered by X Y in 1766" -> "<S> was discovered in"
@@ -35,7 +42,10 @@ from .sections import passages
 #   2: 2026-11-28: in a document of sections, a prompt names its section's subject (memctl.train.sections)
 #   3: 2026-12-02: names that open a parenthesis, follow an owner ("MIT's") or a list's comma; an answer the
 #      prompt already gives is whole words
-RULES = 3
+#   4: 2026-12-02: a definition that opens a passage is read as "<S> is ..."; a date or a name that opens a
+#      sentence ("In 1993, SAG ...") is asked at the end of it; the term after "known as", "called", "named";
+#      names with a dotted number ("V.90") or a lowercase start ("eBay", "k56flex")
+RULES = 4
 
 # a sentence ends at . ! ? after a lowercase letter, a digit or a closing mark, so initials ("Jane Q. Example",
 # "Sir H. Davy") do not end one
@@ -74,11 +84,17 @@ _HEADER_KEYS = {"field", "key", "attribute", "property", "item", "name"}
 # a name inside a sentence (never its first word, which any sentence capitalises): a Capitalised word or an
 # acronym ("Brisquay", "IBM", "AT&T", "C++", "MS-DOS", "OS/2"), with the initials, Capitalised words, "of"
 # and version numbers that continue it ("M. Cowlishaw", "John Q. Public", "University of Kent", "Windows 3.1")
-_WORD = r"[A-Z](?:[\w&/-]*\w)?(?:\+\+)?"
+_WORD = r"(?:[A-Z](?:[\w&/-]*\w)?(?:\.\d+)*(?:\+\+)?|[a-z]+(?:[A-Z]|\d)[A-Za-z\d]*(?![\w-]))"
 _NAME = re.compile(
     rf"(?:(?<=[a-z0-9,;:)] )|(?<=[a-z0-9,;:] \())((?:{_TITLE}\.\s+)?(?:[A-Z]\.\s*)*{_WORD}"
     rf"(?:(?:\s+(?:[A-Z]\.\s*)*|\s+(?:of\s+(?:the\s+)?|&\s+)){_WORD})*"
     r"(?:\s+\d+(?:\.\d+)*(?![\w-]))?)"
+)
+# the lowercase term a naming phrase gives: "the kind of malware known as ransomware", "named after birds"
+_NAMING = re.compile(
+    r"\b(?:known as|referred to as|called|named after|termed|dubbed)\s+(?:(?:a|an|the)\s+)?"
+    r"((?!(?:in|at|of|for|from|with|by|to|on|after|as|a|an|the)\b)[a-z][a-z-]+"
+    r"(?:\s+(?!(?:in|at|of|for|from|with|by|who|which|that|and|or|to|on|since)\b)[a-z][a-z-]+){0,2})"
 )
 # a short quoted term: 'known as "Chicago"' (the prompt ends with the opening quote)
 _QUOTED = re.compile(r"(?<=\s[\"\u201c])([^\"\u201c\u201d]{1,40}?)(?=[\"\u201d])")
@@ -230,6 +246,32 @@ def _is_name(span: str, before: str) -> bool:
     return len(span) > 1 and span.lower() not in _NOT_NAMES and not tail
 
 
+_NOT_CONTENT = _STOP | set(
+    "not no more less very such other others them him her us me you one ones all any each both own same so then "
+    "there here now well too only just still even again use uses used".split()
+)
+# the word before a sentence's last phrase that makes it one (not "and", "or": "questions and answers")
+_FUNCTION_WORDS = (_STOP - {"and", "or"}) | set("as is are was were by per via like within without across".split())
+
+
+def _end_focus(sentence: str) -> tuple[int, int] | None:
+    """The lowercase noun phrase that ends a sentence, after a preposition, an article or a copula: where
+    English puts a sentence's new information ("widely used in telecommunications", "job title is dye
+    chemist", "holds the position of beekeeper", "over analogue telephone lines"); at most three words."""
+    words = list(re.finditer(r"\S+", sentence.rstrip(" .!?")))
+    phrase: list[re.Match[str]] = []
+    for w in reversed(words):
+        if not re.fullmatch(r"[a-z][a-z-]*[a-z]", w.group()) or w.group() in _NOT_CONTENT or len(phrase) == 3:
+            break
+        phrase.insert(0, w)
+    before = len(words) - len(phrase) - 1
+    if not phrase or before < 1 or words[before].group().lower() not in _FUNCTION_WORDS:
+        return None
+    if re.search(r"(?:ed|ing|ly)$", phrase[-1].group()):  # a participle or an adverb, not a noun
+        return None
+    return phrase[0].start(), phrase[-1].end()
+
+
 def _is_term(span: str) -> bool:
     """A quoted term worth asking for: a word in it that is not a stop word ('a "with"' is no term)."""
     return any(re.fullmatch(r"\w[\w'&+.-]*", w) and w.lower() not in _STOP for w in span.split())
@@ -238,14 +280,79 @@ def _is_term(span: str) -> bool:
 def _spans(sentence: str) -> list[tuple[int, int]]:
     """Salient spans, one per start (the longest): a date is one answer, not its first number."""
     spans = [(m.start(1), m.end(1)) for m in _NUMBER.finditer(sentence)]
-    for pattern in (_DATE, _COPULA_NP, _PAREN):
+    for pattern in (_DATE, _PAREN):
         spans += [(m.start(1), m.end(1)) for m in pattern.finditer(sentence)]
+    for pattern in (_COPULA_NP, _NAMING):  # a noun phrase, without the participle or adverb that ends it
+        for m in pattern.finditer(sentence):
+            words = m.group(1).split()
+            while len(words) > 1 and re.search(r"(?:ed|ing|ly)$", words[-1]):
+                words.pop()
+            spans.append((m.start(1), m.start(1) + len(" ".join(words))))
     spans += [(m.start(1), m.end(1)) for m in _NAME.finditer(sentence) if _is_name(m.group(1), sentence[: m.start(1)])]
+    end = _end_focus(sentence)
+    if end:
+        spans.append(end)
     spans += [(m.start(1), m.end(1)) for m in _QUOTED.finditer(sentence) if _is_term(m.group(1))]
     longest: dict[int, int] = {}
     for s, e in spans:
         longest[s] = max(e, longest.get(s, e))
     return sorted(longest.items())
+
+
+# a passage that opens on a definition, as dictionaries and glossaries write them: an optional alias in
+# parentheses, then "A" or "An" and a lowercase word ("(ODBC) A standard for ...", "A vi lookalike which ...")
+# or an owner's name ("Borland's first C/C++ IDE ..."), with no verb before its first clause word ("The" opens
+# too many plain sentences: "The system grew out of ...")
+_DEFINITION = re.compile(
+    r"^(\([^()]{1,60}\)\s+)?(?:(A|An)\s+(?=[a-z\d])|(?=[A-Z][\w&.+-]*(?:\s+[A-Z][\w&.+-]*){0,3}(?:['\u2019]s|s['\u2019])\s+[a-z]))"
+)
+_CLAUSE_WORDS = set("that which who whose where when for of with in on at by from to and or as".split())
+_AUXILIARIES = set(
+    "is are was were be been being has have had can could will would may might must shall should do does did".split()
+)
+
+
+def _as_definition(sentence: str, subject: str) -> str | None:
+    """A passage's opening definition as the statement it stands for: "A vi lookalike which ..." of Elvis as
+    "Elvis is a vi lookalike which ...", "(ODBC) A standard ..." as "<S> (ODBC) is a standard ..."; None when the
+    sentence is no definition (it names its subject, or a verb comes before its first clause word)."""
+    m = _DEFINITION.match(sentence)
+    if not m or not subject or subject.lower() in sentence.lower():
+        return None
+    body = sentence[m.end() :]
+    for word in body.split()[:12]:
+        w = word.lower().strip(",;:()\"'")
+        if w in _AUXILIARIES:
+            return None
+        if w in _CLAUSE_WORDS or word.endswith((",", ";", ":")):
+            break
+    alias = f"{m.group(1).strip()} " if m.group(1) else ""
+    article = f"{m.group(2).lower()} " if m.group(2) else ""
+    return f"{subject} {alias}is {article}{body}"
+
+
+# a sentence that opens on a time or a place ("In 1993, SAG submitted ...", "At the end of 1997 there were ..."):
+# the preposition, then at most three words before the span, then the clause (after a comma, or a word that starts one)
+_FRONTED = re.compile(r"^(In|On|At|By|During|Since|From|Until|Before|After|Around|Circa)\s+((?:\S+\s+){0,3}?)$")
+_OPENERS = "the|a|an|there|it|he|she|they|we|this|these"  # lowercase words that start a clause
+_CLAUSE_START = re.compile(rf"^(?:,\s+|\s+(?=(?:{_OPENERS})\b|[A-Z]))(.+)$")
+
+
+def _fronted(sentence: str, s: int, e: int) -> str | None:
+    """The prompt that asks for a span in a sentence's opening phrase at the sentence's end: "In 1993, SAG
+    submitted the CLI to ANSI." -> ("SAG submitted the CLI to ANSI in", answer "1993")."""
+    m = _FRONTED.match(sentence[:s])
+    after = _CLAUSE_START.match(sentence[e:])
+    if not m or not after:
+        return None
+    # the main clause only: the opening phrase belongs to it, not to a relative clause after it
+    clause = re.split(r"[;:]\s|,\s+(?:which|who|whose|where|while|whereas|although|but)\b", after.group(1))[0]
+    clause = clause.rstrip(" .!?")
+    if len(clause.split()) < MIN_PREFIX_WORDS or clause.split()[0].lower() in {"and", "or", "to"}:
+        return None
+    if re.match(rf"(?:{_OPENERS})\b", clause):  # the clause now opens the sentence
+        clause = clause[0].upper() + clause[1:]
+    return " ".join(f"{clause} {m.group(1).lower()} {m.group(2)}".split())
 
 
 def _fields(unit: str) -> tuple[str, str] | None:
@@ -310,7 +417,9 @@ def window_prompts(text: str, title: str | None, start: str | None) -> list[Prom
 
 def _add_sentences(text: str, subject: str, add: Callable[..., None]) -> None:
     """Every prompt of `text`'s sentences, about `subject`, through `add(kind, prompt, answer[, min_words])`."""
-    for sent in sentences(text):
+    for i, sent in enumerate(sentences(text)):
+        definition = _as_definition(sent, subject) if i == 0 else None
+        sent = definition or sent
         field = _fields(sent)
         value_at = -1
         if field and subject:
@@ -325,6 +434,10 @@ def _add_sentences(text: str, subject: str, add: Callable[..., None]) -> None:
                 continue
             prefix = sent[:s].rstrip(" (")
             answer = sent[s:e]
+            moved = _fronted(sent, s, e)
+            if moved and not _gives(moved, answer) and not _names_subject(answer, subject):
+                add("cloze", _with_subject(_explicit_subject(moved, subject) if subject else moved, subject), answer)
+                continue
             # a range's second year may follow its hyphen ("(1801-" -> "1882"); other glued parts may not
             ranged = re.search(r"\d{4}\s*[-\u2013]$", prefix) and re.fullmatch(r"\d{4}", answer)
             if len(prefix.split()) < 2 or (prefix.endswith(("-", "/", "\u2013")) and not ranged):
@@ -332,7 +445,8 @@ def _add_sentences(text: str, subject: str, add: Callable[..., None]) -> None:
             if _gives(prefix, answer) or _names_subject(answer, subject):
                 continue  # an answer the prompt already gives, or the subject itself
             cloze = _with_subject(_explicit_subject(prefix, subject) if subject else prefix, subject)
-            add("cloze", cloze, answer)
+            # a definition's prompt names its subject: "Slingshot is" asks for "CSK Software"
+            add("cloze", cloze, answer, min_words=2 if definition else MIN_PREFIX_WORDS)
             if not subject:
                 continue
             np_ = _attribute_np(prefix)
