@@ -182,6 +182,8 @@ def test_span_rules_read_definitions_opening_phrases_naming_phrases_and_sentence
     assert got["Nibholt is used in"] == "telecommunications"
     assert "slowly" not in _answers("Nibholt said the river ran so slowly.", "Nibholt").values()  # an adverb
     assert "answers" not in _answers("Nibholt: questions and answers", "Nibholt").values()  # after "and"
+    got = _answers("It helps them use it in their applications. More will come in the future.", "Nibholt")
+    assert not {"their applications", "applications", "future"} & set(got.values())  # no fact: an owner, an idiom
 
 
 def test_coverage_on_a_hand_made_window() -> None:

@@ -248,7 +248,9 @@ def _is_name(span: str, before: str) -> bool:
 
 _NOT_CONTENT = _STOP | set(
     "not no more less very such other others them him her us me you one ones all any each both own same so then "
-    "there here now well too only just still even again use uses used".split()
+    "there here now well too only just still even again use uses used my your our their whose "
+    # idioms that end a sentence and name nothing: "in the future", "for example", "in person"
+    "future past way time times case example instance general fact person part".split()
 )
 # the word before a sentence's last phrase that makes it one (not "and", "or": "questions and answers")
 _FUNCTION_WORDS = (_STOP - {"and", "or"}) | set("as is are was were by per via like within without across".split())
