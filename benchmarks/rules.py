@@ -1,0 +1,171 @@
+"""What the cloze rules see, with no model: today's rules against those of another commit, measured in one run.
+
+For each corpus, each document read as one window (`memctl.train.prompts.prompts_for(text, title)`):
+
+* prompts: the cloze and paraphrase prompts the rules write (more prompts, more tokens to train);
+* probes targeted: probes whose answer is a whole word of some prompt's answer in the probe's own document
+  (a fact no prompt targets cannot be learned from the cloze prompts; the benchmark corpora only);
+* coverage: the share of the documents' content words that some prompt's answer holds
+  (`memctl.train.coverage.window_coverage`, weighted by content words).
+
+Corpora: elements, fictional and foldoc as `benchmarks/corpora.py` builds them, and two sets of text no rule
+was written against: foldoc entries past the 150 the benchmark takes ("foldoc-heldout", from Debian's
+dict-foldoc) and the long descriptions of the installed Debian packages (/var/lib/dpkg/status). A corpus whose
+source is missing here is left out.
+
+    python benchmarks/rules.py [--against REV] [--heldout 300] [--out demo-out/rules]
+
+--against (default HEAD~1) names the commit whose memctl/train/prompts.py and sections.py are the baseline,
+loaded from git into a temporary package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from corpora import CORPORA, ROOT, build_data, commit
+from rich.console import Console
+from rich.table import Table
+
+from memctl.train import prompts as current
+from memctl.train.coverage import content_words, window_coverage
+
+console = Console()
+BENCHMARK_CORPORA = ("elements", "fictional", "foldoc")
+PACKAGES = Path("/var/lib/dpkg/status")
+
+
+def rules_at(rev: str, into: Path) -> ModuleType:
+    """memctl.train.prompts as it was at `rev`, imported from a temporary package of its rule files."""
+    pkg = into / "rules_baseline"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text("")
+    for name in ("prompts", "sections"):
+        text = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{rev}:memctl/train/{name}.py"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        (pkg / f"{name}.py").write_text(text)
+    sys.path.insert(0, str(into))
+    try:
+        return importlib.import_module("rules_baseline.prompts")
+    finally:
+        sys.path.pop(0)
+
+
+def package_descriptions(limit: int) -> list[dict[str, str]]:
+    """Installed Debian packages' descriptions of 40 words or more: the summary line, then the long text."""
+    if not PACKAGES.is_file():
+        return []
+    docs = []
+    for block in PACKAGES.read_text(errors="replace").split("\n\n"):
+        name = re.search(r"^Package: (\S+)", block, re.M)
+        desc = re.search(r"^Description: (.*(?:\n .*)*)", block, re.M)
+        if not name or not desc:
+            continue
+        lines = desc.group(1).split("\n")
+        body = " ".join(x.strip() for x in lines[1:] if x.strip() != ".")
+        if len(body.split()) >= 40:
+            docs.append({"id": name.group(1), "title": name.group(1), "text": f"{lines[0]}. {body}"})
+    return docs[:limit]
+
+
+def foldoc_heldout(limit: int) -> list[dict[str, str]]:
+    """dict-foldoc entries the benchmark's selection rule takes after its first 150."""
+    sys.path.insert(0, str(ROOT / "examples/foldoc"))
+    try:
+        import build as foldoc  # examples/foldoc/build.py
+    finally:
+        sys.path.pop(0)
+    if not (foldoc.DICT_DIR / "foldoc.index").is_file():
+        return []
+    return foldoc.select(foldoc.read_entries(foldoc.DICT_DIR), 150 + limit)[150:]
+
+
+def measure(rules: ModuleType, docs: list[dict[str, str]], probes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Prompts, probes targeted and coverage of one set of rules on one corpus."""
+    answers: dict[str, list[str]] = {}
+    n = 0
+    covered = words = 0.0
+    for d in docs:
+        got = rules.prompts_for(d["text"], d.get("title") or "")
+        n += len(got)
+        answers[d["id"]] = [p.answer.lower() for p in got]
+        w = len(content_words(d["text"]))
+        covered += (window_coverage(d["text"], answers[d["id"]]) or 0.0) * w
+        words += w
+
+    def targeted(p: dict[str, Any]) -> bool:
+        pats = [re.compile(rf"(?<!\w){re.escape(a.lower())}(?!\w)") for a in p["answers"]]
+        return any(x.search(a) for x in pats for a in answers.get(p["doc"], []))
+
+    return {
+        "prompts": n,
+        "targeted": sum(targeted(p) for p in probes) if probes else None,
+        "probes": len(probes),
+        "coverage": covered / max(1.0, words),
+    }
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--against", default="HEAD~1", help="the commit whose rules are the baseline (default HEAD~1)")
+    ap.add_argument("--heldout", type=int, default=300, help="documents of each held-out set (default 300)")
+    ap.add_argument("--out", type=Path, default=ROOT / "demo-out/rules", help="where the corpora are built")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    log = a.out / "build.log"
+    sets: dict[str, tuple[list[dict[str, str]], list[dict[str, Any]]]] = {}
+    for corpus in BENCHMARK_CORPORA:
+        try:
+            data = build_data(corpus, a.out, 300, log)
+        except (subprocess.CalledProcessError, OSError) as e:
+            console.print(f"[yellow]{corpus} left out: its example script failed ({e}); see {log}[/]")
+            continue
+        _, docs, main_probes, _ = CORPORA[corpus]
+        sets[corpus] = (read_jsonl(data / docs), read_jsonl(data / main_probes))
+    heldout = {"foldoc-heldout": foldoc_heldout(a.heldout), "debian-packages": package_descriptions(a.heldout)}
+    for name, held in heldout.items():
+        if held:
+            sets[name] = (held, [])
+        else:
+            console.print(f"[yellow]{name} left out: its source is not installed here[/]")
+    with tempfile.TemporaryDirectory() as tmp:
+        base = rules_at(a.against, Path(tmp))
+        rows = {name: (measure(base, d, p), measure(current, d, p)) for name, (d, p) in sets.items()}
+    t = Table(title=f"cloze rules v{getattr(base, 'RULES', '?')} ({a.against}) -> v{current.RULES} ({commit()})")
+    for col in ("corpus", "docs", "prompts", "x baseline", "probes targeted", "coverage"):
+        t.add_column(col, justify="left" if col == "corpus" else "right")
+    for name, (old, new) in rows.items():
+        hit = "-"
+        if new["targeted"] is not None:
+            hit = f"{100 * old['targeted'] / new['probes']:.1f}% -> {100 * new['targeted'] / new['probes']:.1f}%"
+        t.add_row(
+            name,
+            str(len(sets[name][0])),
+            f"{old['prompts']:,} -> {new['prompts']:,}",
+            f"{new['prompts'] / max(1, old['prompts']):.2f}",
+            hit,
+            f"{100 * old['coverage']:.1f}% -> {100 * new['coverage']:.1f}%",
+        )
+    console.print(t)
+    (a.out / "rules.json").write_text(json.dumps({"against": a.against, "commit": commit(), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
