@@ -6,14 +6,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from memctl.build.ingest import ingest
 from memctl.cli import app
 from memctl.registry import Registry
+from memctl.train import reprompt as reprompt_module
 from memctl.train.kinds import RULE_KINDS
 from memctl.train.prompts import RULES
-from memctl.train.reprompt import outdated_note, reprompt, rules_state
+from memctl.train.reprompt import outdated_note, reprompt, rules_state, settle
 from memctl.train.run import train
 
 runner = CliRunner()
@@ -26,7 +28,9 @@ def _rule_prompts(reg: Registry, windows: list[int] | None = None) -> list[tuple
     return sorted((r[0], r[1], r[2]) for r in rows if windows is None or r[0] in windows)
 
 
-def test_reprompt_rewrites_what_older_rules_wrote_and_retrains(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+def test_reprompt_rewrites_what_older_rules_wrote_and_retrains(
+    home: Path, corpus: Path, tiny_anchor: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ingest("r", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
     train("r", TRAIN, home=home)
     reg = Registry.open("r", home)
@@ -52,6 +56,15 @@ def test_reprompt_rewrites_what_older_rules_wrote_and_retrains(home: Path, corpu
     info = json.loads(runner.invoke(app, ["info", "--bank", "r", "--json"]).output)
     assert info["prompt_rules"]["outdated"] == 3 and "memctl reprompt --bank r" in info["prompt_rules"]["note"]
     old = old[:2]
+    # settle records the third as current and that these rules were run on the other two, which no later
+    # settle runs them on again (train settles every time: a large bank would pay for it at every run)
+    assert settle(reg) == 1 and rules_state(reg).outdated == 2
+    checked = reg.db.execute("select id from windows where rules_checked = ? order by id", [RULES]).fetchall()
+    assert [r[0] for r in checked] == old
+    calls: list[str] = []
+    with monkeypatch.context() as m:
+        m.setattr(reprompt_module, "window_prompts", lambda *a: calls.append(a[0]) or [])
+        assert settle(reg) == 0 and calls == [] and rules_state(reg).outdated == 2
 
     before = _rule_prompts(reg)
     theirs = _rule_prompts(reg, old)

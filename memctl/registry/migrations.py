@@ -200,6 +200,13 @@ def _m011_echo(db: sqlite_utils.Database) -> None:
     db["windows"].add_column("echoed", int, not_null_default=0)
 
 
+def _m012_rules_checked(db: sqlite_utils.Database) -> None:
+    """The newest cloze rules (memctl.train.prompts.RULES) that were run again on a window written by older
+    ones and wrote other prompts (memctl.train.reprompt.settle): 0 = never. Such a window is not compared
+    again until the rules change once more."""
+    db["windows"].add_column("rules_checked", int, not_null_default=0)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_prompts,
@@ -212,6 +219,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m009_prompt_rules,
     _m010_run_dtype,
     _m011_echo,
+    _m012_rules_checked,
 ]
 
 

@@ -7,7 +7,8 @@ by older rules, so that the next `memctl train` writes them again, and marks eve
 since new prompts are routed anew and any unit may receive one (and a document of sections written
 before v2 is studied again: its self-study seeds named its title). A window whose prompts the current rules
 would write the same, prompt for prompt (these rules run again on its text: no model), is not outdated:
-it is recorded as current (`settle`). Echo questions
+it is recorded as current (`settle`); one they write otherwise records that they did (`rules_checked`),
+so that every `train` does not run them again on it. Echo questions
 (memctl.train.echo) ask the cloze statements back and go with them. Self-study continuations and
 anchor-written questions do not come from the rules and are kept. No model is loaded here.
 """
@@ -53,21 +54,23 @@ def _of_sections(reg: Registry, where: str, params: Sequence[Any] = ()) -> dict[
     return {int(r["id"]): starts[int(r["id"])] is not None for r in rows}
 
 
-def _same_windows(reg: Registry) -> list[int]:
-    """Windows written by older rules whose cloze and paraphrase prompts the current rules write the same.
-    A document of sections written before v2 is never one: its self-study seeds named its title."""
+def _compare(reg: Registry) -> tuple[list[int], list[int]]:
+    """Windows written by older rules and not yet compared with these: (those whose cloze and paraphrase
+    prompts the current rules write the same, those they write otherwise). A document of sections written
+    before v2 is never the same: its self-study seeds named its title."""
     rows = list(
         reg.db.query(
             "select w.id, w.doc_id, w.text, w.prompt_rules, d.title from windows w join documents d on "
-            "d.id = w.doc_id where w.prompted = 1 and w.prompt_rules < ? order by w.id",
-            [RULES],
+            "d.id = w.doc_id where w.prompted = 1 and w.prompt_rules < ? and w.rules_checked < ? order by w.id",
+            [RULES, RULES],
         )
     )
     if not rows:
-        return []
+        return [], []
     starts = window_openings(reg, {r["doc_id"] for r in rows})
     kinds = ", ".join(f"'{k}'" for k in RULE_KINDS)
-    out: list[int] = []
+    same: list[int] = []
+    other: list[int] = []
     for i in range(0, len(rows), 500):
         part = rows[i : i + 500]
         stored: dict[int, list[tuple[str, str, str]]] = {int(r["id"]): [] for r in part}
@@ -79,12 +82,13 @@ def _same_windows(reg: Registry) -> list[int]:
             stored[int(w)].append((kind, text, answer))
         for r in part:
             start = starts[int(r["id"])]
-            if start is not None and r["prompt_rules"] < 2:
-                continue
-            now = window_prompts(r["text"], r["title"], start)
-            if sorted((p.kind, p.text, p.answer) for p in now) == sorted(stored[int(r["id"])]):
-                out.append(int(r["id"]))
-    return out
+            before_v2 = start is not None and r["prompt_rules"] < 2
+            now = None if before_v2 else window_prompts(r["text"], r["title"], start)
+            if now is not None and sorted((p.kind, p.text, p.answer) for p in now) == sorted(stored[int(r["id"])]):
+                same.append(int(r["id"]))
+            else:
+                other.append(int(r["id"]))
+    return same, other
 
 
 def _set(reg: Registry, column: str, value: int, ids: Sequence[int]) -> None:
@@ -95,10 +99,12 @@ def _set(reg: Registry, column: str, value: int, ids: Sequence[int]) -> None:
 
 def settle(reg: Registry) -> int:
     """Record the current rules on the windows whose prompts they would write the same (no prompt changes,
-    nothing to retrain). Returns how many. The caller holds the bank lock."""
-    same = _same_windows(reg)
+    nothing to retrain), and on the others that they were compared. Returns how many are the same. The
+    caller holds the bank lock."""
+    same, other = _compare(reg)
     with reg.db.atomic():
         _set(reg, "prompt_rules", RULES, same)
+        _set(reg, "rules_checked", RULES, other)
     return len(same)
 
 
