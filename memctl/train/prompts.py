@@ -44,7 +44,7 @@ from .sections import passages
 #      prompt already gives is whole words
 #   4: 2026-12-02: a definition that opens a passage is read as "<S> is ..."; a date or a name that opens a
 #      sentence ("In 1993, SAG ...") is asked at the end of it; the term after "known as", "called", "named";
-#      names with a dotted number ("V.90") or a lowercase start ("eBay", "k56flex")
+#      a sentence's last lowercase phrase; names with a dotted number ("V.90") or a lowercase start ("eBay")
 RULES = 4
 
 # a sentence ends at . ! ? after a lowercase letter, a digit or a closing mark, so initials ("Jane Q. Example",
