@@ -252,6 +252,7 @@ _NOT_CONTENT = _STOP | set(
     # idioms that end a sentence and name nothing: "in the future", "for example", "in person"
     "future past way time times case example instance general fact person part".split()
 )
+_MODIFIER = re.compile(r"(?:ed|ing|ly)$")  # a participle or an adverb: no noun phrase ends on one
 # the word before a sentence's last phrase that makes it one (not "and", "or": "questions and answers")
 _FUNCTION_WORDS = (_STOP - {"and", "or"}) | set("as is are was were by per via like within without across".split())
 
@@ -269,7 +270,7 @@ def _end_focus(sentence: str) -> tuple[int, int] | None:
     before = len(words) - len(phrase) - 1
     if not phrase or before < 1 or words[before].group().lower() not in _FUNCTION_WORDS:
         return None
-    if re.search(r"(?:ed|ing|ly)$", phrase[-1].group()):  # a participle or an adverb, not a noun
+    if _MODIFIER.search(phrase[-1].group()):  # a participle or an adverb, not a noun
         return None
     return phrase[0].start(), phrase[-1].end()
 
@@ -287,7 +288,7 @@ def _spans(sentence: str) -> list[tuple[int, int]]:
     for pattern in (_COPULA_NP, _NAMING):  # a noun phrase, without the participle or adverb that ends it
         for m in pattern.finditer(sentence):
             words = m.group(1).split()
-            while len(words) > 1 and re.search(r"(?:ed|ing|ly)$", words[-1]):
+            while len(words) > 1 and _MODIFIER.search(words[-1]):
                 words.pop()
             spans.append((m.start(1), m.start(1) + len(" ".join(words))))
     spans += [(m.start(1), m.end(1)) for m in _NAME.finditer(sentence) if _is_name(m.group(1), sentence[: m.start(1)])]
