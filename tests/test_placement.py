@@ -120,15 +120,19 @@ def test_bf16_training_keeps_float32_blocks_and_follows_fp32(
         for part, t in parts.items():
             assert t.dtype == torch.float32  # float32 master weights, stored as such
             assert not torch.equal(t, fp32[block_id][part])  # the bf16 anchor's gradients differ...
-    # ...but training goes the same way: what it changed in every block points the same way. Measured
-    # 0.87-1.00 (down, learned from zero, spreads most; gate and up 0.99-1.00); with cloze rules v4's prompts
-    # one level-2 gate measured 0.848. This tiny random Llama's
-    # neurons are small (std 0.02, so are the memories'), and bf16 rounds their small activations coarsely.
+    # ...but training goes the same way: what it changed points the same way, in the bank as a whole and in
+    # every block. Measured with cloze rules v4's prompts: the whole change 0.947; down (learned from zero)
+    # 0.96-0.99 in every block, gate and up 0.85-0.95. This tiny random Llama's neurons are small (std 0.02,
+    # so are the memories'), and bf16 rounds their small activations coarsely.
     learned_bf16, learned_fp32 = _learned(tmp_path / "bf16", bf16), _learned(tmp_path / "fp32", fp32)
+    cosine = torch.nn.functional.cosine_similarity
     for block_id, parts in learned_bf16.items():
         for part, delta in parts.items():
-            cos = torch.nn.functional.cosine_similarity(delta.flatten(), learned_fp32[block_id][part].flatten(), dim=0)
-            assert cos > 0.8, (block_id, part, float(cos))
+            cos = cosine(delta.flatten(), learned_fp32[block_id][part].flatten(), dim=0)
+            assert cos > (0.93 if part == "down" else 0.8), (block_id, part, float(cos))
+    whole_bf16, whole_fp32 = (torch.cat([t.flatten() for b in sorted(d) for _, t in sorted(d[b].items())])
+                              for d in (learned_bf16, learned_fp32))  # fmt: skip
+    assert cosine(whole_bf16, whole_fp32, dim=0) > 0.92
 
 
 def test_bf16_training_resumes_from_its_checkpoints(
