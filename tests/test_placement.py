@@ -120,19 +120,23 @@ def test_bf16_training_keeps_float32_blocks_and_follows_fp32(
         for part, t in parts.items():
             assert t.dtype == torch.float32  # float32 master weights, stored as such
             assert not torch.equal(t, fp32[block_id][part])  # the bf16 anchor's gradients differ...
-    # ...but training goes the same way: what it changed points the same way, in the bank as a whole and in
-    # every block. Measured with cloze rules v4's prompts: the whole change 0.947; down (learned from zero)
-    # 0.96-0.99 in every block, gate and up 0.85-0.95. This tiny random Llama's neurons are small (std 0.02,
-    # so are the memories'), and bf16 rounds their small activations coarsely.
+    # ...but training goes the same way: what it changed in every block points the way fp32's change of that
+    # block points, and not the way of any other block's. Measured here with cloze rules v4's prompts: down
+    # (learned from zero) 0.96-0.99, gate and up 0.85-0.95 (an earlier CPU and prompts: down 0.87, gate and up
+    # 0.99), against -0.05 to 0.14 for another block's change. This tiny random Llama's neurons are small
+    # (std 0.02, so are the memories'), and bf16 rounds their small activations coarsely.
     learned_bf16, learned_fp32 = _learned(tmp_path / "bf16", bf16), _learned(tmp_path / "fp32", fp32)
-    cosine = torch.nn.functional.cosine_similarity
+
+    def cos(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0))
+
     for block_id, parts in learned_bf16.items():
         for part, delta in parts.items():
-            cos = cosine(delta.flatten(), learned_fp32[block_id][part].flatten(), dim=0)
-            assert cos > (0.93 if part == "down" else 0.8), (block_id, part, float(cos))
-    whole_bf16, whole_fp32 = (torch.cat([t.flatten() for b in sorted(d) for _, t in sorted(d[b].items())])
-                              for d in (learned_bf16, learned_fp32))  # fmt: skip
-    assert cosine(whole_bf16, whole_fp32, dim=0) > 0.92
+            own = cos(delta, learned_fp32[block_id][part])
+            assert own > 0.8, (block_id, part, own)
+            others = [cos(delta, d[part]) for b, d in learned_fp32.items()
+                      if b != block_id and d[part].shape == delta.shape]  # fmt: skip
+            assert all(own > other + 0.5 for other in others), (block_id, part, own, max(others))
 
 
 def test_bf16_training_resumes_from_its_checkpoints(
