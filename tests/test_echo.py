@@ -33,6 +33,26 @@ def test_a_statement_is_asked_back_as_a_question() -> None:
     assert echo_question("Jaskique Trust: Q: Anything else? A:") == "Jaskique Trust: Anything else?"
 
 
+def test_the_wh_word_follows_the_answers_shape() -> None:
+    # a year or a date is asked when; a preposition that "when" stands for goes, one it does not stays
+    assert echo_question("zoo was released in", "1986") == "zoo was released when?"
+    assert echo_question("It spread in the", "1990s") == "It spread when?"
+    assert echo_question("Varnel Ostrik was born on", "3 May 1961") == "Varnel Ostrik was born when?"
+    assert echo_question("Acme: Current version, as of", "2004-08-30") == "Acme: Current version, as of when?"
+    assert echo_question("It was withdrawn by", "1995") == "It was withdrawn by when?"
+    assert echo_question("Jane Q. Example: writer (", "1801") == "Jane Q. Example: writer when?"
+    # after "by", anything but a time is asked "by whom?": who made it, as a question names a person
+    assert echo_question("zoo is a data compression program and format by", "Rahul Dhesi") == (
+        "zoo is a data compression program and format by whom?"
+    )
+    # the rest, numbers that are no year included, "what?"
+    assert echo_question("ALGOL 68 is a", "programming language") == "ALGOL 68 is a what?"
+    assert echo_question("The register file holds", "32") == "The register file holds what?"
+    assert echo_question("It was written in", "C") == "It was written in what?"
+    # a Q&A pair's own question whatever its answer
+    assert echo_question("Q: When did Brevion open? A:", "1999") == "When did Brevion open?"
+
+
 def test_one_statement_per_sentence_the_first_fact_first() -> None:
     clozes = [
         ("The Group 4 protocol was published by", "CCITT"),
@@ -76,7 +96,7 @@ def test_echo_questions_are_cached_from_the_open_book_teacher_and_leave_with_the
     for r in rows:
         per_window[r["window_id"]] = per_window.get(r["window_id"], 0) + 1
         # the question is a trained cloze statement of the same window, asked back in a user turn
-        found = [c for c in clozes if c[0] == r["window_id"] and chat_turn(tok, echo_question(c[1])) == r["text"]]
+        found = [c for c in clozes if c[0] == r["window_id"] and chat_turn(tok, echo_question(c[1], c[2])) == r["text"]]
         assert found and found[0][2] == r["answer"]
         ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
         assert ids[: r["n_prompt"]] == tok(r["text"], add_special_tokens=False)["input_ids"]

@@ -5,11 +5,13 @@ A cloze prompt is a statement of the window cut before a fact ("The Group 4 prot
 words often misses it: language models trained on one form of a fact recall it from that form
 (Allen-Zhu and Li, *Physics of Language Models 3.1*, 2023), and questions about some facts in training
 help them answer questions about others. An echo question turns the statement into a question without
-any rule about the corpus's style: the statement, then "what?" ("The Group 4 protocol was published by
-what?"), asked in a user turn. The student reads the question alone, with the memories of its own
+any rule about the corpus's style: the statement, then a wh-word the answer's shape picks ("The Group 4
+protocol was published by whom?", "zoo was released when?", "ALGOL 68 is a what?"), asked in a user
+turn. The student reads the question alone, with the memories of its own
 route; the open-book teacher reads the window before it, and the student learns the teacher's
-distributions over the cloze's answer, which opens the assistant's turn. On foldoc it took the
-question-form probes from 6 to 14 of 64, almost all on the facts it asked back (docs/corpora.md).
+distributions over the cloze's answer, which opens the assistant's turn. On foldoc, asking "what?" of
+every answer, it took the question-form probes from 6 to 14 of 64, almost all on the facts it asked
+back (docs/corpora.md).
 
 Each window gets up to N, from distinct sentences (the first fact of each, in the order its cloze
 prompts were written), never from a held-out cloze prompt, so held-out scoring still reads facts the
@@ -34,17 +36,38 @@ from .study import chat_turn
 ASK = " what?"
 _TRAILING = " ,;:("  # a statement cut after these reads as a question once they go ("...pictures, what?")
 
+# The wh-word follows the answer's shape and the word before it, rules of English and not of any
+# corpus's style: a year or a date is asked "when?" ("released in" -> "released when?", "since" ->
+# "since when?"), anything else after "by" "by whom?" ("format by" -> "format by whom?": a person's
+# question, "Who wrote zoo?", asks for it so), the rest "what?".
+_MONTH = r"(?:January|February|March|April|May|June|July|August|September|October|November|December)"
+_TIME = re.compile(
+    rf"^(?:1[0-9]{{3}}|20[0-9]{{2}})s?$"  # 1993, the 1990s
+    rf"|^(?:\d{{1,2}} )?{_MONTH}(?: \d{{1,2}},?)? \d{{4}}$"  # 3 May 1993, May 3, 1993, May 1993
+    rf"|^\d{{4}}-\d{{2}}(?:-\d{{2}})?$"  # 1993-05(-03)
+)
+_WHEN_DROPS = frozenset({"in", "on", "during", "at", "the"})  # "released in (the)" -> "released when?"
+
 
 # a cloze prompt that is a question already: the pair of a Q&A document ("Q: Who started Brevion? A:")
 _ASKED = re.compile(r"^(.*?)(?:Q|Question):\s*([^?]+\?)\s*(?:A|Answer):$")
 
 
-def echo_question(statement: str) -> str:
-    """The question a cloze statement asks: the statement, then "what?"; a Q&A pair's own question."""
+def echo_question(statement: str, answer: str = "") -> str:
+    """The question a cloze statement asks of its answer: the statement, then a wh-word chosen by the
+    answer's shape (`_TIME`: "when?"; after "by": "by whom?"; else "what?"); a Q&A pair's own question."""
     asked = _ASKED.match(statement.strip())
     if asked:
         return asked.group(1) + asked.group(2)
-    return statement.rstrip(_TRAILING) + ASK
+    stem = statement.rstrip(_TRAILING)
+    words = stem.split(" ")
+    if _TIME.match(answer.strip()):
+        while len(words) > 1 and words[-1].lower() in _WHEN_DROPS:
+            words.pop()
+        return " ".join(words).rstrip(_TRAILING) + " when?"
+    if words[-1].lower() == "by" and answer.strip():
+        return stem + " whom?"
+    return stem + ASK
 
 
 def pick_statements(clozes: Sequence[tuple[str, str]], n: int) -> list[int]:
@@ -96,7 +119,7 @@ def add_echo(reg: Registry, tokenizer: Any, per_window: int, l1s: Sequence[int] 
         for rows in by_window.values():
             for i in pick_statements([(r["text"], r["answer"]) for r in rows], per_window):
                 r = rows[i]
-                q = echo_question(r["text"])
+                q = echo_question(r["text"], r["answer"])
                 made.append(
                     {
                         "window_id": r["window_id"],
