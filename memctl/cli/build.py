@@ -179,8 +179,8 @@ def train(
         int | None,
         typer.Option(
             help="Cloze statements per window asked back as questions in the anchor's chat template "
-            "('The Group 4 protocol was published by what?'), one per sentence, answered as the teacher reading "
-            "the window answers (distill and mix; default 0: off)."
+            "('The Group 4 protocol was published by whom?', 'zoo was released when?'; else '... what?'), one per "
+            "sentence, answered as the teacher reading the window answers (distill and mix; default 0: off)."
         ),
     ] = None,
     study: Annotated[
