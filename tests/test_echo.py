@@ -41,6 +41,14 @@ def test_the_wh_word_follows_the_answers_shape() -> None:
     assert echo_question("Acme: Current version, as of", "2004-08-30") == "Acme: Current version, as of when?"
     assert echo_question("It was withdrawn by", "1995") == "It was withdrawn by when?"
     assert echo_question("Jane Q. Example: writer (", "1801") == "Jane Q. Example: writer when?"
+    assert (
+        echo_question("The SAIL machines were shut down in late", "May 1990")
+        == "The SAIL machines were shut down when?"
+    )
+    assert echo_question("It was released free on 6", "August 1996") == "It was released free when?"
+    assert echo_question("dBASE came out in around", "1980") == "dBASE came out when?"
+    # a year that nothing leads up to as a time is a number: an RFC's, a version's
+    assert echo_question("ETRN was first defined in RFC", "1985") == "ETRN was first defined in RFC what?"
     # after "by", anything but a time is asked "by whom?": who made it, as a question names a person
     assert echo_question("zoo is a data compression program and format by", "Rahul Dhesi") == (
         "zoo is a data compression program and format by whom?"

@@ -37,16 +37,32 @@ ASK = " what?"
 _TRAILING = " ,;:("  # a statement cut after these reads as a question once they go ("...pictures, what?")
 
 # The wh-word follows the answer's shape and the word before it, rules of English and not of any
-# corpus's style: a year or a date is asked "when?" ("released in" -> "released when?", "since" ->
-# "since when?"), anything else after "by" "by whom?" ("format by" -> "format by whom?": a person's
-# question, "Who wrote zoo?", asks for it so), the rest "what?".
+# corpus's style: a date, or a year after a preposition or an opening parenthesis, is asked "when?"
+# ("released in" -> "released when?", "since" -> "since when?"; "RFC" + "1985" names a document, not
+# a time), anything else after "by" "by whom?" ("format by" -> "format by whom?": a person's question,
+# "Who wrote zoo?", asks for it so), the rest "what?".
 _MONTH = r"(?:January|February|March|April|May|June|July|August|September|October|November|December)"
-_TIME = re.compile(
-    rf"^(?:1[0-9]{{3}}|20[0-9]{{2}})s?$"  # 1993, the 1990s
-    rf"|^(?:\d{{1,2}} )?{_MONTH}(?: \d{{1,2}},?)? \d{{4}}$"  # 3 May 1993, May 3, 1993, May 1993
+_DATE = re.compile(
+    rf"^(?:\d{{1,2}} )?{_MONTH}(?: \d{{1,2}},?)? \d{{4}}$"  # 3 May 1993, May 3, 1993, May 1993
     rf"|^\d{{4}}-\d{{2}}(?:-\d{{2}})?$"  # 1993-05(-03)
 )
-_WHEN_DROPS = frozenset({"in", "on", "during", "at", "the"})  # "released in (the)" -> "released when?"
+_YEAR = re.compile(r"^(?:1[0-9]{3}|20[0-9]{2})s?$")  # 1993, the 1990s
+_BEFORE_YEAR = frozenset(
+    "in on at by of since until till from to and or between around circa c. during before after".split()
+    + ["the", "late", "early", "mid"]
+)
+# "in (late)" -> "when?", "on 6" + "August 1996" -> "when?"
+_WHEN_DROPS = frozenset({"in", "on", "during", "at", "the", "late", "early", "mid", "around", "circa", "c."})
+
+
+def _asks_time(statement: str, answer: str) -> bool:
+    """Whether the answer is a time: a date, or a year the statement leads up to as one."""
+    if _DATE.match(answer):
+        return True
+    words = statement.split()
+    return bool(_YEAR.match(answer)) and (
+        statement.rstrip().endswith(("(", ",")) or bool(words) and words[-1].lower() in _BEFORE_YEAR
+    )
 
 
 # a cloze prompt that is a question already: the pair of a Q&A document ("Q: Who started Brevion? A:")
@@ -55,14 +71,14 @@ _ASKED = re.compile(r"^(.*?)(?:Q|Question):\s*([^?]+\?)\s*(?:A|Answer):$")
 
 def echo_question(statement: str, answer: str = "") -> str:
     """The question a cloze statement asks of its answer: the statement, then a wh-word chosen by the
-    answer's shape (`_TIME`: "when?"; after "by": "by whom?"; else "what?"); a Q&A pair's own question."""
+    answer's shape (a time: "when?"; after "by": "by whom?"; else "what?"); a Q&A pair's own question."""
     asked = _ASKED.match(statement.strip())
     if asked:
         return asked.group(1) + asked.group(2)
     stem = statement.rstrip(_TRAILING)
     words = stem.split(" ")
-    if _TIME.match(answer.strip()):
-        while len(words) > 1 and words[-1].lower() in _WHEN_DROPS:
+    if _asks_time(statement, answer.strip()):
+        while len(words) > 1 and (words[-1].lower() in _WHEN_DROPS or re.fullmatch(r"\d{1,2}", words[-1])):
             words.pop()
         return " ".join(words).rstrip(_TRAILING) + " when?"
     if words[-1].lower() == "by" and answer.strip():
