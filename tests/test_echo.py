@@ -23,14 +23,21 @@ from memctl.train.study import chat_turn
 
 
 def test_a_statement_is_asked_back_as_a_question() -> None:
-    assert echo_question("The Group 4 protocol was published by") == "The Group 4 protocol was published by what?"
+    assert echo_question("The Group 4 protocol was published in", "Recommendation T.563") == (
+        "The Group 4 protocol was published in what?"
+    )
     # a statement cut after a comma, a colon or an opening parenthesis loses it
-    assert echo_question("It allows file types (e-mail, pictures,") == "It allows file types (e-mail, pictures what?"
-    assert echo_question("Acme: Current version, as of 2004-08-30:") == "Acme: Current version, as of 2004-08-30 what?"
-    assert echo_question("Nesald Thalard (") == "Nesald Thalard what?"
+    assert (
+        echo_question("It allows file types (e-mail, pictures,", "music")
+        == "It allows file types (e-mail, pictures what?"
+    )
+    assert echo_question("Acme: Current version, as of 2004-08-30:", "Acme 9") == (
+        "Acme: Current version, as of 2004-08-30 what?"
+    )
+    assert echo_question("Nesald Thalard (", "Nesa") == "Nesald Thalard what?"
     # a Q&A pair's prompt is a question already: it is asked as it is, with the subject it names
-    assert echo_question("Q: Who started Brevion Acoustics? A:") == "Who started Brevion Acoustics?"
-    assert echo_question("Jaskique Trust: Q: Anything else? A:") == "Jaskique Trust: Anything else?"
+    assert echo_question("Q: Who started Brevion Acoustics? A:", "Ilse Varn") == "Who started Brevion Acoustics?"
+    assert echo_question("Jaskique Trust: Q: Anything else? A:", "No") == "Jaskique Trust: Anything else?"
 
 
 def test_the_wh_word_follows_the_answers_shape() -> None:

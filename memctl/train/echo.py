@@ -69,7 +69,7 @@ def _asks_time(statement: str, answer: str) -> bool:
 _ASKED = re.compile(r"^(.*?)(?:Q|Question):\s*([^?]+\?)\s*(?:A|Answer):$")
 
 
-def echo_question(statement: str, answer: str = "") -> str:
+def echo_question(statement: str, answer: str) -> str:
     """The question a cloze statement asks of its answer: the statement, then a wh-word chosen by the
     answer's shape (a time: "when?"; after "by": "by whom?"; else "what?"); a Q&A pair's own question."""
     asked = _ASKED.match(statement.strip())
@@ -81,7 +81,7 @@ def echo_question(statement: str, answer: str = "") -> str:
         while len(words) > 1 and (words[-1].lower() in _WHEN_DROPS or re.fullmatch(r"\d{1,2}", words[-1])):
             words.pop()
         return " ".join(words).rstrip(_TRAILING) + " when?"
-    if words[-1].lower() == "by" and answer.strip():
+    if words[-1].lower() == "by":
         return stem + " whom?"
     return stem + ASK
 
