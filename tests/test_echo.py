@@ -54,11 +54,19 @@ def test_the_wh_word_follows_the_answers_shape() -> None:
     )
     assert echo_question("It was released free on 6", "August 1996") == "It was released free when?"
     assert echo_question("dBASE came out in around", "1980") == "dBASE came out when?"
+    assert echo_question("Tamias Trevwen: Born on January 5,", "1947") == "Tamias Trevwen: Born when?"
+    assert echo_question("Galustin Gormiss was born on 20 March", "1954") == "Galustin Gormiss was born when?"
     # a year that nothing leads up to as a time is a number: an RFC's, a version's
     assert echo_question("ETRN was first defined in RFC", "1985") == "ETRN was first defined in RFC what?"
-    # after "by", anything but a time is asked "by whom?": who made it, as a question names a person
+    # a name after "by" is asked "by whom?": who made it, as a question names a person
     assert echo_question("zoo is a data compression program and format by", "Rahul Dhesi") == (
         "zoo is a data compression program and format by whom?"
+    )
+    assert echo_question("The ARPANET's computers were interconnected by", "leased lines") == (
+        "The ARPANET's computers were interconnected by what?"
+    )
+    assert echo_question("Verune Brackard is a patent examiner by", "profession") == (
+        "Verune Brackard is a patent examiner by what?"
     )
     # the rest, numbers that are no year included, "what?"
     assert echo_question("ALGOL 68 is a", "programming language") == "ALGOL 68 is a what?"

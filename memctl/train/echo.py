@@ -39,20 +39,23 @@ _TRAILING = " ,;:("  # a statement cut after these reads as a question once they
 # The wh-word follows the answer's shape and the word before it, rules of English and not of any
 # corpus's style: a date, or a year after a preposition or an opening parenthesis, is asked "when?"
 # ("released in" -> "released when?", "since" -> "since when?"; "RFC" + "1985" names a document, not
-# a time), anything else after "by" "by whom?" ("format by" -> "format by whom?": a person's question,
-# "Who wrote zoo?", asks for it so), the rest "what?".
+# a time), a name after "by" "by whom?" ("format by" -> "format by whom?": a person's question, "Who
+# wrote zoo?", asks for it so), the rest "what?".
 _MONTH = r"(?:January|February|March|April|May|June|July|August|September|October|November|December)"
 _DATE = re.compile(
     rf"^(?:\d{{1,2}} )?{_MONTH}(?: \d{{1,2}},?)? \d{{4}}$"  # 3 May 1993, May 3, 1993, May 1993
     rf"|^\d{{4}}-\d{{2}}(?:-\d{{2}})?$"  # 1993-05(-03)
 )
 _YEAR = re.compile(r"^(?:1[0-9]{3}|20[0-9]{2})s?$")  # 1993, the 1990s
+_MONTHS = _MONTH[3:-1].split("|")
 _BEFORE_YEAR = frozenset(
     "in on at by of since until till from to and or between around circa c. during before after".split()
     + ["the", "late", "early", "mid"]
+    + [m.lower() for m in _MONTHS]  # "born on 20 March" + "1954"
 )
-# "in (late)" -> "when?", "on 6" + "August 1996" -> "when?"
+# what "when?" stands for: "in (late)", "on 6" + "August 1996", "on January 5," + "1947"
 _WHEN_DROPS = frozenset({"in", "on", "during", "at", "the", "late", "early", "mid", "around", "circa", "c."})
+_DAY_OR_MONTH = re.compile(rf"\d{{1,2}}(?:st|nd|rd|th)?|{_MONTH}")
 
 
 def _asks_time(statement: str, answer: str) -> bool:
@@ -71,17 +74,17 @@ _ASKED = re.compile(r"^(.*?)(?:Q|Question):\s*([^?]+\?)\s*(?:A|Answer):$")
 
 def echo_question(statement: str, answer: str) -> str:
     """The question a cloze statement asks of its answer: the statement, then a wh-word chosen by the
-    answer's shape (a time: "when?"; after "by": "by whom?"; else "what?"); a Q&A pair's own question."""
+    answer's shape (a time: "when?"; a name after "by": "by whom?"; else "what?"); a Q&A pair's own question."""
     asked = _ASKED.match(statement.strip())
     if asked:
         return asked.group(1) + asked.group(2)
     stem = statement.rstrip(_TRAILING)
     words = stem.split(" ")
     if _asks_time(statement, answer.strip()):
-        while len(words) > 1 and (words[-1].lower() in _WHEN_DROPS or re.fullmatch(r"\d{1,2}", words[-1])):
+        while len(words) > 1 and (words[-1].lower() in _WHEN_DROPS or _DAY_OR_MONTH.fullmatch(words[-1].rstrip(","))):
             words.pop()
         return " ".join(words).rstrip(_TRAILING) + " when?"
-    if words[-1].lower() == "by":
+    if words[-1].lower() == "by" and answer[:1].isupper():  # a name: "by Rahul Dhesi", not "by profession"
         return stem + " whom?"
     return stem + ASK
 
