@@ -37,17 +37,18 @@ ASK = " what?"
 _TRAILING = " ,;:("  # a statement cut after these reads as a question once they go ("...pictures, what?")
 
 # The wh-word follows the answer's shape and the word before it, rules of English and not of any
-# corpus's style: a date, or a year after a preposition or an opening parenthesis, is asked "when?"
+# corpus's style: a date, or a year after a preposition, an article, a month, a comma or an opening
+# parenthesis, is asked "when?"
 # ("released in" -> "released when?", "since" -> "since when?"; "RFC" + "1985" names a document, not
 # a time), a name after "by" "by whom?" ("format by" -> "format by whom?": a person's question, "Who
 # wrote zoo?", asks for it so), the rest "what?".
-_MONTH = r"(?:January|February|March|April|May|June|July|August|September|October|November|December)"
+_MONTHS = "January February March April May June July August September October November December".split()
+_MONTH = f"(?:{'|'.join(_MONTHS)})"
 _DATE = re.compile(
     rf"^(?:\d{{1,2}} )?{_MONTH}(?: \d{{1,2}},?)? \d{{4}}$"  # 3 May 1993, May 3, 1993, May 1993
     rf"|^\d{{4}}-\d{{2}}(?:-\d{{2}})?$"  # 1993-05(-03)
 )
 _YEAR = re.compile(r"^(?:1[0-9]{3}|20[0-9]{2})s?$")  # 1993, the 1990s
-_MONTHS = _MONTH[3:-1].split("|")
 _BEFORE_YEAR = frozenset(
     "in on at by of since until till from to and or between around circa c. during before after".split()
     + ["the", "late", "early", "mid"]
