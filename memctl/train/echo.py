@@ -31,6 +31,7 @@ from ..build.routing import route_rows
 from ..core.errors import InputError
 from ..registry import Registry
 from .kinds import ECHO, replace_kind
+from .prompts import _DAY
 from .study import chat_turn
 
 ASK = " what?"
@@ -38,10 +39,11 @@ _TRAILING = " ,;:("  # a statement cut after these reads as a question once they
 
 # The wh-word follows the answer's shape and the word before it, rules of English and not of any
 # corpus's style: a date, or a year after a preposition, an article, a month, a comma or an opening
-# parenthesis, is asked "when?"
-# ("released in" -> "released when?", "since" -> "since when?"; "RFC" + "1985" names a document, not
-# a time), a name after "by" "by whom?" ("format by" -> "format by whom?": a person's question, "Who
-# wrote zoo?", asks for it so), the rest "what?".
+# parenthesis, is asked "when?" ("released in" -> "released when?", "since" -> "since when?"; "RFC" +
+# "1985" names a document, not a time), a name after "by" "by whom?" ("format by" -> "format by whom?":
+# a person's question, "Who wrote zoo?", asks for it so), the rest "what?". A date here has its month
+# spelt out, with or without a day ("3 May 1993", "March 1998"), or is ISO; the cloze rules' other date
+# spans (memctl.train.prompts: "Aug 1995", "08/10/1983") are asked "what?".
 _MONTHS = "January February March April May June July August September October November December".split()
 _MONTH = f"(?:{'|'.join(_MONTHS)})"
 _DATE = re.compile(
@@ -56,7 +58,7 @@ _BEFORE_YEAR = frozenset(
 )
 # what "when?" stands for: "in (late)", "on 6" + "August 1996", "on January 5," + "1947"
 _WHEN_DROPS = frozenset({"in", "on", "during", "at", "the", "late", "early", "mid", "around", "circa", "c."})
-_DAY_OR_MONTH = re.compile(rf"\d{{1,2}}(?:st|nd|rd|th)?|{_MONTH}")
+_DAY_OR_MONTH = re.compile(rf"{_DAY}|{_MONTH}")
 
 
 def _asks_time(statement: str, answer: str) -> bool:
