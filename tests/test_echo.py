@@ -76,17 +76,28 @@ def test_the_wh_word_follows_the_answers_shape() -> None:
     assert echo_question("Q: When did Brevion open? A:", "1999") == "When did Brevion open?"
 
 
-def test_one_statement_per_sentence_the_first_fact_first() -> None:
+def test_times_and_people_first_one_statement_per_sentence_then_the_rest() -> None:
     clozes = [
-        ("The Group 4 protocol was published by", "CCITT"),
-        ("The Group 4 protocol was published by CCITT in", "1993"),  # the same sentence, a later fact
-        ("Group 4: Full details are available from", "ITU-T"),
+        ("Group 4 is a", "fax standard"),  # a what?: last
+        ("The Group 4 protocol was published by", "CCITT"),  # by whom?: first
+        ("The Group 4 protocol was published by CCITT in", "1993"),  # when?, but of the sentence just picked
+        ("Group 4: Full details are available from", "ITU-T"),  # a name
         ("Group 4: Full", "details"),  # its statement starts one already picked: the same sentence
-        ("Group 4 uses", "ISDN"),
+        ("Group 4 uses", "ISDN"),  # a name
+        ("A Group 4 page takes", "5 seconds"),  # a number
     ]
-    assert pick_statements(clozes, 8) == [0, 2, 4]
-    assert pick_statements(clozes, 2) == [0, 2]
+    # every sentence once, times and people, then names and numbers, then the rest; then the sentences again
+    assert pick_statements(clozes, 5) == [1, 3, 5, 6, 0]
+    assert pick_statements(clozes, 8) == [1, 3, 5, 6, 0, 2, 4]
+    assert pick_statements(clozes, 2) == [1, 3]
     assert pick_statements(clozes, 0) == []
+    # a window of one sentence still gets its n facts: the person and the time before the rest
+    one = [
+        ("zoo is a", "format"),
+        ("zoo is a format by", "Rahul Dhesi"),
+        ("zoo is a format by Rahul Dhesi from", "1986"),
+    ]
+    assert pick_statements(one, 2) == [1, 2]
 
 
 def _echoed(home: Path, corpus: Path, tiny_anchor: Path, per_window: int = 2) -> tuple[Registry, object]:
