@@ -16,7 +16,7 @@ from memctl.registry import Registry
 from memctl.train.batches import prompt_samples
 from memctl.train.coverage import bank_coverage
 from memctl.train.distill import TEACHER_SEPARATOR, TOPK, prepare
-from memctl.train.echo import echo_question, pick_statements
+from memctl.train.echo import echo_pair, echo_question, pick_statements
 from memctl.train.kinds import ECHO
 from memctl.train.reprompt import reprompt
 from memctl.train.study import chat_turn
@@ -74,6 +74,16 @@ def test_the_wh_word_follows_the_answers_shape() -> None:
     assert echo_question("It was written in", "C") == "It was written in what?"
     # a Q&A pair's own question whatever its answer
     assert echo_question("Q: When did Brevion open? A:", "1999") == "When did Brevion open?"
+    # a Q&A pair whose answer is begun: its question, and the answer whole
+    assert echo_pair("Q: What does Vantell Optics do? A: It works in", "precision optics") == (
+        "What does Vantell Optics do?",
+        "It works in precision optics",
+    )
+    assert echo_pair("Brevion: Q: How old is Brevion? A:", "It was established in 2004") == (
+        "Brevion: How old is Brevion?",
+        "It was established in 2004",
+    )
+    assert echo_pair("zoo was released in", "1986") == ("zoo was released when?", "1986")
 
 
 def test_times_and_people_first_one_statement_per_sentence_then_the_rest() -> None:
@@ -130,8 +140,8 @@ def test_echo_questions_are_cached_from_the_open_book_teacher_and_leave_with_the
     for r in rows:
         per_window[r["window_id"]] = per_window.get(r["window_id"], 0) + 1
         # the question is a trained cloze statement of the same window, asked back in a user turn
-        found = [c for c in clozes if c[0] == r["window_id"] and chat_turn(tok, echo_question(c[1], c[2])) == r["text"]]
-        assert found and found[0][2] == r["answer"]
+        pairs = [echo_pair(c[1], c[2]) for c in clozes if c[0] == r["window_id"]]
+        assert (r["text"], r["answer"]) in {(chat_turn(tok, q), a) for q, a in pairs}
         ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
         assert ids[: r["n_prompt"]] == tok(r["text"], add_special_tokens=False)["input_ids"]
         # the answer opens the assistant's turn, without a space before it

@@ -74,25 +74,34 @@ def _asks_time(statement: str, answer: str) -> bool:
     )
 
 
-# a cloze prompt that is a question already: the pair of a Q&A document ("Q: Who started Brevion? A:")
-_ASKED = re.compile(r"^(.*?)(?:Q|Question):\s*([^?]+\?)\s*(?:A|Answer):$")
+# a cloze prompt that is a question already: the pair of a Q&A document ("Q: Who started Brevion? A:"), its
+# answer perhaps begun ("Q: What does Brevion do? A: It makes" -> "loudspeakers")
+_ASKED = re.compile(r"^(.*)(?:Q|Question):\s*([^?]+\?)\s*(?:A|Answer):\s*(.*)$")
 
 
-def echo_question(statement: str, answer: str) -> str:
-    """The question a cloze statement asks of its answer: the statement, then a wh-word chosen by the
-    answer's shape (a time: "when?"; a name after "by": "by whom?"; else "what?"); a Q&A pair's own question."""
+def echo_pair(statement: str, answer: str) -> tuple[str, str]:
+    """The question a cloze statement asks of its answer, and the answer the student learns after it: the
+    statement, then a wh-word chosen by the answer's shape (a time: "when?"; a name after "by": "by whom?";
+    else "what?"); a Q&A pair's own question, its answer begun or not ("What does Brevion do?" ->
+    "It makes loudspeakers")."""
     asked = _ASKED.match(statement.strip())
     if asked:
-        return asked.group(1) + asked.group(2)
+        begun = asked.group(3)
+        return asked.group(1) + asked.group(2), f"{begun} {answer.strip()}" if begun else answer
     stem = statement.rstrip(_TRAILING)
     words = stem.split(" ")
     if _asks_time(statement, answer.strip()):
         while len(words) > 1 and (words[-1].lower() in _WHEN_DROPS or _DAY_OR_MONTH.fullmatch(words[-1].rstrip(","))):
             words.pop()
-        return " ".join(words).rstrip(_TRAILING) + " when?"
+        return " ".join(words).rstrip(_TRAILING) + " when?", answer
     if words[-1].lower() == "by" and answer[:1].isupper():  # a name: "by Rahul Dhesi", not "by profession"
-        return stem + " whom?"
-    return stem + ASK
+        return stem + " whom?", answer
+    return stem + ASK, answer
+
+
+def echo_question(statement: str, answer: str) -> str:
+    """The question of `echo_pair`."""
+    return echo_pair(statement, answer)[0]
 
 
 def _tier(statement: str, answer: str) -> int:
@@ -160,14 +169,14 @@ def add_echo(reg: Registry, tokenizer: Any, per_window: int, l1s: Sequence[int] 
         for rows in by_window.values():
             for i in pick_statements([(r["text"], r["answer"]) for r in rows], per_window):
                 r = rows[i]
-                q = echo_question(r["text"], r["answer"])
+                q, said = echo_pair(r["text"], r["answer"])
                 made.append(
                     {
                         "window_id": r["window_id"],
                         "doc_id": r["doc_id"],
                         "kind": ECHO,
                         "text": chat_turn(tokenizer, q),
-                        "answer": r["answer"],
+                        "answer": said,
                         "held_out": 0,
                     }
                 )
