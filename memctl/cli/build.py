@@ -179,8 +179,9 @@ def train(
         int | None,
         typer.Option(
             help="Cloze statements per window asked back as questions in the anchor's chat template "
-            "('The Group 4 protocol was published by whom?', 'zoo was released when?'; else '... what?'), one per "
-            "sentence, answered as the teacher reading the window answers (distill and mix; default 0: off)."
+            "('The Group 4 protocol was published by whom?', 'zoo was released when?'; else '... what?'): times and "
+            "people first, then other names and numbers, one per sentence before any gets a second; answered as the "
+            "teacher reading the window answers (distill and mix; default 0: off)."
         ),
     ] = None,
     study: Annotated[
