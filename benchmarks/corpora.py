@@ -15,7 +15,8 @@ Corpora (each built by its example script; none of their probes is written by me
 
 Each corpus is ingested once, with its cloze prompts, their teacher cache and the preservation pool
 (the parts every variant shares; their seconds are reported apart). For each variant (a set of
-`memctl train` options; "cloze" is self-study off, "study2" is `--study 2`, memctl's default, ...) a copy of that bank
+`memctl train` options; "cloze" is self-study and echo questions off, "study2" is `--study 2` without echo
+questions, "study2echo4" is memctl's default, `--study 2 --echo 4`, ...) a copy of that bank
 is trained, then scored:
 anchor alone, open book (oracle-rag), fetched, rag and rag+fetched on the main probes, the same
 facts as questions (and, for fictional and foldoc, the questions asked in the anchor's chat template
@@ -29,7 +30,7 @@ windows lie in it: a quicker, noisier reading of the same comparison. Probes who
 outside the subtree meet untrained blocks and count as they come out, so the overall figure is a
 lower bound; each setup's accuracy on the probes routed into their document's leaf is kept too.
 
-    python benchmarks/corpora.py [--corpora elements,fictional,foldoc,registers] [--variants cloze,study2]
+    python benchmarks/corpora.py [--corpora elements,fictional,foldoc,registers] [--variants cloze,study2echo4]
         [--subtree N] [--routing nearest|tree] [--memory-layers all|last:N] [--ranks R1,R2] [--window N]
         [--train-args "..."] [--eval-args "--anchor-mix 0.5"]
         [--entities 300] [--limit N] [--out demo-out/corpora] [--fresh] [--no-baseline]
@@ -57,17 +58,19 @@ from rich.console import Console
 ROOT = Path(__file__).resolve().parents[1]
 console = Console()
 HELDOUT = ROOT / "examples/elements/heldout.jsonl"  # unrelated text: Python docstrings
+NO_ECHO = ["--echo", "0"]
 VARIANTS: dict[str, list[str]] = {
-    "cloze": ["--study", "0"],
-    "study2": ["--study", "2"],
-    "study2deep": ["--study", "2", "--match-hidden", "1"],  # deep context distillation (hidden states too)
-    "study4": ["--study", "4"],
-    "study8": ["--study", "8"],
-    "questions4": ["--study", "0", "--questions", "4"],
-    "study4q4": ["--study", "4", "--questions", "4"],
-    "epochs24": ["--study", "0", "--epochs", "24", "--patience", "6"],
-    "retire2": ["--study", "2", "--retire", "2"],  # learned prompts sit 2 epochs out (memctl.train.retire)
-    "study2echo4": ["--study", "2", "--echo", "4"],  # cloze statements asked back as questions (memctl.train.echo)
+    "cloze": ["--study", "0", *NO_ECHO],
+    "study2": ["--study", "2", *NO_ECHO],
+    "study2deep": ["--study", "2", "--match-hidden", "1", *NO_ECHO],  # deep context distillation (hidden states too)
+    "study4": ["--study", "4", *NO_ECHO],
+    "study8": ["--study", "8", *NO_ECHO],
+    "questions4": ["--study", "0", "--questions", "4", *NO_ECHO],
+    "study4q4": ["--study", "4", "--questions", "4", *NO_ECHO],
+    "epochs24": ["--study", "0", "--epochs", "24", "--patience", "6", *NO_ECHO],
+    "retire2": ["--study", "2", "--retire", "2", *NO_ECHO],  # learned prompts sit 2 epochs out (memctl.train.retire)
+    # memctl's default: cloze statements asked back as questions (memctl.train.echo)
+    "study2echo4": ["--study", "2", "--echo", "4"],
 }
 # corpus -> (build script, documents file, main probes, question-form probes)
 CORPORA: dict[str, tuple[str, str, str, str]] = {
@@ -346,7 +349,7 @@ def corpus_tokens(home: Path, bank: str, subtree: int | None) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpora", default="elements,fictional,foldoc")
-    ap.add_argument("--variants", default="cloze,study2", help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--variants", default="cloze,study2echo4", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--subtree", type=int, default=None, help="train and score one level-1 subtree only")
     ap.add_argument("--entities", type=int, default=300, help="fictional corpus: invented entities")
     ap.add_argument("--limit", type=int, default=None, help="score a reproducible sample of N probes")

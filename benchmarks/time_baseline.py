@@ -32,8 +32,8 @@ SUBTREE = 0
 # 12, because early stopping on a few dozen held-out prompts is chance (on a Xeon with AMX it stopped this unit
 # after 7 epochs: 41,188 tokens, 125 s). --max-restarts 0: that default had no drift guard (here a restart
 # took the unit to 323 s, its lost epochs counted in).
-TRAIN_ARGS = ["--study", "0", "--preserve-pool", str(POOL), "--dtype", "fp32", "--max-restarts", "0", "--patience"]
-TRAIN_ARGS += ["12", "--subtree", str(SUBTREE)]
+TRAIN_ARGS = ["--study", "0", "--echo", "0", "--preserve-pool", str(POOL), "--dtype", "fp32", "--max-restarts", "0"]
+TRAIN_ARGS += ["--patience", "12", "--subtree", str(SUBTREE)]
 ISSUE_TOKENS = 71_436  # tokens the unit trained when the issue was filed
 
 

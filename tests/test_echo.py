@@ -229,3 +229,24 @@ def test_train_with_echo_trains_them_and_records_it_for_retraining(home: Path, c
     old = json.loads(config)
     del old["echo"]
     assert train_config_from_json(json.dumps(old)).echo == 0
+
+
+def test_echo_is_on_by_default_but_not_for_lm_nor_an_anchor_without_a_chat_template(
+    home: Path, corpus: Path, tiny_anchor: Path
+) -> None:
+    from memctl.core.config import TrainConfig
+    from memctl.core.placement import CPU
+    from memctl.train.distill import NO_ECHO
+    from memctl.train.plan import _resolve_config
+
+    assert TrainConfig().echo == 4
+    ingest("d", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    reg = Registry.open("d", home)
+    assert _resolve_config(reg, {}, CPU).echo == 4
+    # lm distils nothing: no echo questions unless asked for, and then a clear error (above)
+    assert _resolve_config(reg, {"objective": "lm"}, CPU).echo == 0
+    anchor = load_anchor(str(tiny_anchor), home)
+    anchor.tokenizer.chat_template = None  # an anchor that cannot be asked questions in a chat turn
+    report = prepare(reg, anchor, echo=4)
+    assert report.prompts_added > 0 and report.notes == (NO_ECHO,)
+    assert reg.db.execute("select count(*) from prompts where kind = ?", [ECHO]).fetchone()[0] == 0

@@ -181,7 +181,8 @@ def train(
             help="Cloze statements per window asked back as questions in the anchor's chat template "
             "('The Group 4 protocol was published by whom?', 'zoo was released when?'; else '... what?'): times and "
             "people first, then other names and numbers, one per sentence before any gets a second; answered as the "
-            "teacher reading the window answers (distill and mix; default 0: off)."
+            "teacher reading the window answers (distill and mix; default 4 for a new bank, a trained bank keeps "
+            "its own; none for an anchor without a chat template)."
         ),
     ] = None,
     study: Annotated[
@@ -422,6 +423,8 @@ def train(
         )
         if p.coverage:
             out.print(coverage_line(p.coverage))
+        for note in p.notes:
+            out.print(f"[yellow]{note}[/yellow]", highlight=False)
     table = Table(title=f"trained {len(res.units)} unit(s) of {bank} ({res.placement})")
     for col in (
         "unit",

@@ -110,8 +110,10 @@ class TrainConfig:
     # (memctl.train.preserve.own_window_samples); 0: off
     preserve_own: float = 0.0
     questions: int = 0  # questions per window written by the anchor (memctl.train.questions); 0: cloze prompts only
-    # cloze statements per window asked back as questions in the chat template (memctl.train.echo); 0: off
-    echo: int = 0
+    # cloze statements per window asked back as questions in the chat template (memctl.train.echo); 0: off. Four
+    # took foldoc's question-form probes from 36% to 91% of open book (docs/corpora.md); an anchor without a
+    # chat template, and objective lm, train without them
+    echo: int = 4
     # self-study continuations per window sampled by the open-book teacher (memctl.train.study); 0: off. Two
     # scored at least as well as cloze prompts alone on all three corpora of benchmarks/corpora.py (docs/corpora.md)
     study: int = 2

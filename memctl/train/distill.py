@@ -32,7 +32,7 @@ from ..model.prefix import on_model
 from ..registry import Registry
 from .batches import Sample, _teacher, batch_loss, collate, loss_positions
 from .coverage import bank_coverage
-from .echo import add_echo
+from .echo import add_echo, has_chat_template
 from .kinds import ECHO, QUESTION, replace_kind
 from .prompts import RULES, joins_without_space, window_prompts
 from .questions import ANSWER_TOKENS, answer_questions, chat_prompt, write_questions
@@ -47,6 +47,9 @@ TEACHER_SEPARATOR = "\n\n"
 Progress = Callable[[str, int, int], None]
 
 
+NO_ECHO = "no echo questions: the anchor's tokenizer has no chat template to ask them in"
+
+
 @dataclass
 class PrepareReport:
     prompts_added: int
@@ -57,6 +60,7 @@ class PrepareReport:
     study_added: int = 0  # self-study continuations sampled now (memctl.train.study)
     study_seconds: float = 0.0
     coverage: dict[str, Any] = field(default_factory=dict)  # memctl.train.coverage.Coverage.to_dict()
+    notes: tuple[str, ...] = ()  # what the run asked for and could not do
 
 
 def _held_out(window_id: int, text: str) -> int:
@@ -248,7 +252,10 @@ def prepare(
         "select avg(p.path != w.path), avg(p.l1 != w.l1) from prompts p join windows w on w.id = p.window_id"
     ).fetchone()
     cov = bank_coverage(reg, questions=questions > 0, study=study > 0, echo=echo > 0).to_dict()
-    return PrepareReport(added, total, float(row[0] or 0.0), float(row[1] or 0.0), seconds, studied, study_seconds, cov)
+    notes = () if echo <= 0 or has_chat_template(anchor.tokenizer) else (NO_ECHO,)
+    return PrepareReport(
+        added, total, float(row[0] or 0.0), float(row[1] or 0.0), seconds, studied, study_seconds, cov, notes
+    )
 
 
 @dataclass

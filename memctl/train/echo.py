@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..build.routing import route_rows
-from ..core.errors import InputError
 from ..registry import Registry
 from .kinds import ECHO, replace_kind
 from .prompts import _DAY
@@ -137,14 +136,18 @@ def pick_statements(clozes: Sequence[tuple[str, str]], n: int) -> list[int]:
     return picked
 
 
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether the anchor can be asked echo questions: they are user turns of its chat template."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
 def add_echo(reg: Registry, tokenizer: Any, per_window: int, l1s: Sequence[int] | None = None) -> int:
     """Echo questions for every window last echoed with another count than `per_window` (its earlier ones
     are replaced); with `l1s`, only the windows of those level-1 subtrees. Each is routed from the question
-    alone to the nearest window of its own document, and trained, never held out. Returns how many."""
-    if per_window <= 0:
+    alone to the nearest window of its own document, and trained, never held out. None for an anchor without a
+    chat template (the prepare report says so). Returns how many."""
+    if per_window <= 0 or not has_chat_template(tokenizer):
         return 0
-    if not getattr(tokenizer, "chat_template", None):
-        raise InputError("--echo needs an anchor whose tokenizer has a chat template")
     only = f" and l1 in ({','.join(str(int(x)) for x in l1s)})" if l1s is not None else ""
     windows = [
         int(r[0])

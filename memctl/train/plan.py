@@ -78,5 +78,7 @@ def _resolve_config(reg: Registry, overrides: dict[str, Any], place: Placement) 
     last = reg.db.execute("select config from runs where status = 'done' order by id desc limit 1").fetchone()
     base = train_config_from_json(last[0]) if last else TrainConfig()
     tcfg = dataclasses.replace(base, **overrides)
+    if tcfg.objective == "lm" and "echo" not in overrides:  # echo questions are distilled: none unless asked for
+        tcfg = dataclasses.replace(tcfg, echo=0)
     tcfg.validate()
     return tcfg
