@@ -84,6 +84,7 @@ def test_the_wh_word_follows_the_answers_shape() -> None:
         "It was established in 2004",
     )
     assert echo_pair("zoo was released in", "1986") == ("zoo was released when?", "1986")
+    assert echo_pair("Q: When did Tomas Vey live? A: 1675-", "1741") == ("When did Tomas Vey live?", "1675-1741")
 
 
 def test_times_and_people_first_one_statement_per_sentence_then_the_rest() -> None:

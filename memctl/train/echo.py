@@ -33,7 +33,7 @@ from typing import Any
 from ..build.routing import route_rows
 from ..registry import Registry
 from .kinds import ECHO, replace_kind
-from .prompts import _DAY
+from .prompts import _DAY, joins_without_space
 from .study import chat_turn
 
 ASK = " what?"
@@ -86,7 +86,9 @@ def echo_pair(statement: str, answer: str) -> tuple[str, str]:
     asked = _ASKED.match(statement.strip())
     if asked:
         begun = asked.group(3)
-        return asked.group(1) + asked.group(2), f"{begun} {answer.strip()}" if begun else answer
+        if not begun:
+            return asked.group(1) + asked.group(2), answer
+        return asked.group(1) + asked.group(2), begun + ("" if joins_without_space(begun) else " ") + answer.strip()
     stem = statement.rstrip(_TRAILING)
     words = stem.split(" ")
     if _asks_time(statement, answer.strip()):
