@@ -48,7 +48,9 @@ def _build_console_bank(root: Path, anchor: Path) -> Path:
     (docs / LONG_ID).write_text(f"{LONG_TITLE}\n\nNeon and argon light up the signs of the city at night.\n")
     home = root / "home"
     ingest("v", [docs], anchor=str(anchor), embedder="hash", tree=(2, 2), home=home)
-    train("v", {"epochs": 1, "objective": "distill"}, home=home)
+    # no echo questions: on the tiny random model they change what the chat snapshot's bank replies, the
+    # snapshots' subject being the layout
+    train("v", {"epochs": 1, "objective": "distill", "echo": 0}, home=home)
     probes = root / "probes.jsonl"
     probes.write_text("".join(json.dumps(d) + "\n" for d in PROBES))
     with BankSession("v", home) as s:

@@ -30,8 +30,9 @@ QUERIES = ["Iron is a strong metal", "Neon is a noble gas", "The owl hunts at ni
 def bank(home: Path, corpus: Path, tiny_anchor: Path) -> Registry:
     ingest("s", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
     # lr 5e-2 (5x train's default): on this tiny random Llama the memories then change the greedy answers;
-    # fp32 on any CPU (auto would train in bf16 where the CPU multiplies it in hardware)
-    train("s", {"epochs": 2, "batch_size": 2, "objective": "mix", "lr": 5e-2}, home=home, dtype="fp32")
+    # fp32 on any CPU (auto would train in bf16 where the CPU multiplies it in hardware); no echo questions, so
+    # that the weights below are this bank's as measured
+    train("s", {"epochs": 2, "batch_size": 2, "objective": "mix", "lr": 5e-2, "echo": 0}, home=home, dtype="fp32")
     return Registry.open("s", home)
 
 

@@ -87,7 +87,10 @@ def test_reprompt_rewrites_what_older_rules_wrote_and_retrains(
     assert _rule_prompts(reg) == original  # the same rules write the same prompts
     assert rules_state(reg).to_dict() == {"current": RULES, "windows": n, "outdated": 0, "oldest": None}
     assert reg.db.execute("select count(*) from blocks where state = 'trained'").fetchone()[0] == trained
-    assert res.units and res.prepare is not None and res.prepare.prompts_added == len(theirs)
+    # the two windows' cloze prompts, and the echo questions that ask them back (memctl's default)
+    marks = ",".join("?" * len(old))
+    echoes = reg.db.execute(f"select count(*) from prompts where kind = 'echo' and window_id in ({marks})", old)
+    assert res.units and res.prepare is not None and res.prepare.prompts_added == len(theirs) + echoes.fetchone()[0]
 
 
 def test_reprompt_all_and_the_cli_lines(home: Path, corpus: Path, tiny_anchor: Path) -> None:
