@@ -18,6 +18,7 @@ from .common import (
     Int8Opt,
     JsonOpt,
     MinRelevanceOpt,
+    RelevanceRampOpt,
     app,
     err,
     json_text,
@@ -44,6 +45,7 @@ def ask(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     min_relevance: MinRelevanceOpt = None,
+    relevance_ramp: RelevanceRampOpt = None,
     anchor_mix: AnchorMixOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -63,6 +65,7 @@ def ask(
         return do_ask(
             bank, prompt, mode=mode, max_new_tokens=max_new_tokens, chat=chat, allow=tags, cache_mb=cache_mb, rag=rag,
             int8=int8, device=device, dtype=dtype, min_relevance=min_relevance, anchor_mix=anchor_mix,
+            relevance_ramp=relevance_ramp,
         )  # fmt: skip
 
     d = run(go)
@@ -82,7 +85,7 @@ def ask(
         if d["withheld"]:
             where += f" (withheld: {', '.join(d['withheld'])})"
         if d["anchor_mix"]:
-            where += f", anchor mix {d['anchor_mix']:g}"
+            where += f", anchor mix {d['anchor_mix']:.2g}"
     r = d["retrieved"]
     if rag and not d["unrelated"]:
         where += (
@@ -120,6 +123,7 @@ def chat(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     min_relevance: MinRelevanceOpt = None,
+    relevance_ramp: RelevanceRampOpt = None,
     anchor_mix: AnchorMixOpt = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Line mode that answers each stdin line with one JSON object per line.")
@@ -144,7 +148,7 @@ def chat(
         place = placement(device, dtype)
         session = BankSession(
             bank, allow=tags, cache_mb=cache_mb, int8=int8, place=place, min_relevance=min_relevance,
-            anchor_mix=anchor_mix,
+            anchor_mix=anchor_mix, relevance_ramp=relevance_ramp,
         )  # fmt: skip
         return Chat(session, settings)
 

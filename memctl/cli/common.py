@@ -105,6 +105,14 @@ MinRelevanceOpt = Annotated[
         "(0 to 1) fetches no memory and retrieves nothing (default: calibrated on the bank's windows; 0: off).",
     ),
 ]
+RelevanceRampOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="The relevance gate's ramp: just above the floor the anchor keeps a share of each next-token "
+        "distribution, falling from all of it at the floor to none at this multiple of the floor; 1: a hard "
+        "gate (memories alone above the floor). Default 2.",
+    ),
+]
 AnchorMixOpt = Annotated[
     float | None,
     typer.Option(

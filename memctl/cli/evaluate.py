@@ -20,6 +20,7 @@ from .common import (
     Int8Opt,
     JsonOpt,
     MinRelevanceOpt,
+    RelevanceRampOpt,
     app,
     err,
     human_params,
@@ -98,6 +99,7 @@ def eval_cmd(
     device: DeviceOpt = None,
     dtype: DtypeOpt = None,
     min_relevance: MinRelevanceOpt = None,
+    relevance_ramp: RelevanceRampOpt = None,
     anchor_mix: AnchorMixOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -142,8 +144,9 @@ def eval_cmd(
         if place != CPU:
             params["device"] = place.label  # likewise: only another placement starts a new run
         session = BankSession(
-            bank, allow=tags, int8=int8, place=place, min_relevance=min_relevance, anchor_mix=anchor_mix
-        )
+            bank, allow=tags, int8=int8, place=place, min_relevance=min_relevance, anchor_mix=anchor_mix,
+            relevance_ramp=relevance_ramp,
+        )  # fmt: skip
         with session, stage_progress(not as_json) as progress:
             res = run_eval(session, ps, opts, probes_path=probes, perplexity=perplexity, params=params,
                            fresh=fresh, progress=progress)  # fmt: skip
@@ -154,7 +157,8 @@ def eval_cmd(
                                 ("--block-fraction", block_fraction),
                                 ("--blocking", blocking if blocking != "reroute" else None),
                                 ("--perplexity", perplexity), ("--allow", allow), ("--limit", limit),
-                                ("--min-relevance", min_relevance), ("--anchor-mix", anchor_mix),
+                                ("--min-relevance", min_relevance), ("--relevance-ramp", relevance_ramp),
+                                ("--anchor-mix", anchor_mix),
                                 ("--seed", seed if limit is not None else None), ("--report", report)):  # fmt: skip
                 if value is not None:
                     parts += [flag, str(value)]

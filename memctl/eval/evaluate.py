@@ -87,7 +87,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
     if opts.chat and probes:
         notes.append("every probe asked in the anchor's chat template (--chat)")
     r = session.route_gated([p.prompt for p in probes])  # r.off: the gate leaves these to the anchor alone
-    x, routes, off, gated = r.x, r.paths, r.off, r.gated
+    x, routes, off, gated, share = r.x, r.paths, r.off, r.gated, r.share
     rel = readings(r.relevance)
     by_doc = doc_routes(session)
     known = np.array([p.doc in by_doc for p in probes], dtype=bool)
@@ -112,10 +112,15 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
     ]
     jobs: list[Job] = []
 
-    def add(group: str, i: int, prompt: str, mode: str, paths: np.ndarray | None = None, sub: str = "") -> None:
+    def add(
+        group: str, i: int, prompt: str, mode: str, paths: np.ndarray | None = None, sub: str = "",
+        mix: float | None = None,
+    ) -> None:  # fmt: skip
         if opts.chat:  # the whole prompt (context and question) in the user's turn, as `ask --chat` sends it
             prompt = session.encode_prompts([prompt], chat=True)[0]
-        jobs.append(Job(f"{group}|{i}|{sub}", group, i, probes[i].doc, prompt, mode, paths, off=bool(off[i])))
+        # the anchor's share where memories are fetched: the gate's ramp on the probe (or on its rerouted path)
+        w = 0.0 if mode == "none" else float(share[i]) if mix is None else mix
+        jobs.append(Job(f"{group}|{i}|{sub}", group, i, probes[i].doc, prompt, mode, paths, off=bool(off[i]), mix=w))
 
     for s in setups:
         for i, p in enumerate(probes):
@@ -135,7 +140,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
                 for sib in siblings(session, int(routes[i, -1])):
                     wrong = routes[i][None].copy()
                     wrong[0, -1] = sib
-                    add(s, i, p.prompt, "fetched", wrong, str(sib))
+                    add(s, i, p.prompt, "fetched", wrong, str(sib), session.anchor_mix)
     if opts.beam > 1:  # the gate judges a probe on its top leaf, as for fetched
         beams = gate(session.router.beam(x, opts.beam), off)
         for i, p in enumerate(probes):
@@ -148,13 +153,15 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
         for i, p in enumerate(probes):
             nodes = best_matching(tree, x[i], f)
             blocked[f].append(nodes)
+            mix = None
             if opts.blocking == "reroute":  # as in a bank without those nodes: the gate judges the new leaf
                 path = session.router.route_avoiding(x[i], set(nodes))
                 off_i = session.unrelated(x[i : i + 1], path[None])
+                mix = float(session.shares(session.router.similarity(x[i : i + 1], path[None]))[0])
             else:
                 path = np.array([-1 if (lvl + 1, int(n)) in nodes else int(n) for lvl, n in enumerate(routes[i])])
                 off_i = off[i : i + 1]
-            add(f"fetched blocked={f:g}", i, p.prompt, "fetched", gate(path[None], off_i))
+            add(f"fetched blocked={f:g}", i, p.prompt, "fetched", gate(path[None], off_i), mix=mix)
     ppl_jobs = perplexity_jobs(session, ppl_texts, [s for s in setups if s in PPL_SETUPS])
     gated_setups = set(setups) & {"generic", "fetched", "rag", "rag+fetched"}
     if session.relevance_floor > 0 and (gated_setups or opts.beam > 1 or any(opts.fractions)):
@@ -185,7 +192,7 @@ def perplexity_jobs(session: BankSession, texts: Sequence[str], setups: Sequence
     tok = session.anchor.tokenizer
     size = max(2, min(PPL_CHUNK, session.cfg.window))
     r = session.route_gated(texts)  # the relevance gate, as for probes
-    off, routes, rel = r.off, r.gated, readings(r.relevance)
+    off, routes, rel, share = r.off, r.gated, readings(r.relevance), r.share
     jobs = []
     for d, text in enumerate(texts):
         ids = tok(text, add_special_tokens=False)["input_ids"]
@@ -195,7 +202,7 @@ def perplexity_jobs(session: BankSession, texts: Sequence[str], setups: Sequence
             for c, seq in enumerate(chunks):
                 paths = routes[d][None] if s == "fetched" else None
                 job = Job(f"ppl {s}|{d}|{c}", f"ppl {s}", d, "", "", PPL_SETUPS[s], paths, list(seq), bool(off[d]),
-                          rel[d])  # fmt: skip
+                          rel[d], float(share[d]))  # fmt: skip
                 jobs.append(job)
     return jobs
 
@@ -235,16 +242,17 @@ def run_jobs(
             batch = todo[s : s + batch_size]
             t0 = time.perf_counter()
             fetched = _fetched(session, batch)
+            mix = [j.mix for j in batch] if fetched is not None else 0.0  # per row: the relevance gate's ramp
             out: list[ItemResult] = []
             if batch[0].seqs:
-                losses = token_losses(session, [j.seqs for j in batch], fetched)
+                losses = token_losses(session, [j.seqs for j in batch], fetched, mix)
                 dt = (time.perf_counter() - t0) / len(batch)
                 out = [
                     ItemResult(j.item, j.doc, "", 0, x.nll, x.tokens, dt) for j, x in zip(batch, losses, strict=True)
                 ]
             else:
                 prompts = [j.prompt for j in batch]
-                texts = greedy(session.anchor, session.handle, prompts, fetched, plan.answer_tokens, session.anchor_mix)
+                texts = greedy(session.anchor, session.handle, prompts, fetched, plan.answer_tokens, mix)
                 dt = (time.perf_counter() - t0) / len(batch)
                 out = [
                     ItemResult(j.item, j.doc, t, int(is_correct(t, plan.probes[j.index].answers)), seconds=dt)
@@ -293,6 +301,8 @@ def run_eval(
         params["chat"] = True
     if session.relevance_floor > 0:  # another gate answers differently: a new run (gate off: as before it)
         params["relevance_floor"] = session.relevance_floor
+    if session.relevance_floor > 0 and session.relevance_ramp > 1:  # the ramp mixes near the floor: a new run
+        params["relevance_ramp"] = session.relevance_ramp
     if session.anchor_mix > 0:  # mixed answers are other answers: a new run (0: as before the mix existed)
         params["anchor_mix"] = session.anchor_mix
     runs = EvalRuns(session.reg) if store else None

@@ -68,6 +68,7 @@ class Job:
     seqs: list[int] = field(default_factory=list)  # perplexity: the chunk's token ids
     off: bool = False  # the relevance gate left this context to the anchor alone (generic mode)
     relevance: float | None = None  # perplexity: the gate's reading of the document (None: no leaf to read)
+    mix: float = 0.0  # the anchor's share of each next-token distribution where memories are fetched (the gate's ramp)
 
 
 @dataclass

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model.memory import Fetched
-from ..model.mix import split_mix, with_anchor_rows
+from ..model.mix import Weights, mixes, split_mix, with_anchor_rows
 from ..model.prefix import on_model
 from ..serve.session import BankSession
 
@@ -49,22 +49,32 @@ def combine(losses: Sequence[TextLoss]) -> TextLoss:
     return TextLoss(sum(x.nll for x in losses), sum(x.tokens for x in losses))
 
 
-def log_probs(session: BankSession, ids: torch.Tensor, mask: torch.Tensor, fetched: Fetched | None) -> torch.Tensor:
+def log_probs(
+    session: BankSession, ids: torch.Tensor, mask: torch.Tensor, fetched: Fetched | None, mix: Weights | None = None
+) -> torch.Tensor:
     """(B, T, V) float32 next-token log-probabilities of a padded batch with the given blocks (None: the
-    anchor alone), mixed with the anchor's own by the session's `anchor_mix` where memories are fetched."""
-    mix = session.anchor_mix if fetched is not None else 0.0
-    if mix > 0:  # one pass over the batch twice: the second copy fetches nothing (memctl.model.mix)
+    anchor alone), mixed with the anchor's own where memories are fetched: by `mix` (one share, or one per
+    row: the relevance gate's ramp, BankSession.shares), else by the session's `anchor_mix`."""
+    if fetched is None:
+        mix = 0.0
+    elif mix is None:
+        mix = session.anchor_mix
+    doubled = mixes(mix)
+    if doubled:  # one pass over the batch twice: the second copy fetches nothing (memctl.model.mix)
         ids, mask, fetched = torch.cat([ids, ids]), torch.cat([mask, mask]), with_anchor_rows(fetched)  # type: ignore[arg-type]
     with session.handle.using(fetched):
         logits = session.anchor.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-    return split_mix(logits, mix) if mix > 0 else torch.log_softmax(logits.float(), -1)
+    return split_mix(logits, mix) if doubled else torch.log_softmax(logits.float(), -1)
 
 
 @torch.no_grad()
-def token_losses(session: BankSession, seqs: Sequence[Sequence[int]], fetched: Fetched | None) -> list[TextLoss]:
-    """NLL of each token sequence (right-padded batch) with the given blocks (None: anchor alone)."""
+def token_losses(
+    session: BankSession, seqs: Sequence[Sequence[int]], fetched: Fetched | None, mix: Weights | None = None
+) -> list[TextLoss]:
+    """NLL of each token sequence (right-padded batch) with the given blocks (None: anchor alone), mixed
+    with the anchor by `mix` (see `log_probs`)."""
     ids, mask = on_model(session.anchor.model, *_pad(seqs, session.anchor.tokenizer.pad_token_id, 2))
-    logp = log_probs(session, ids, mask, fetched)  # (B, T, V)
+    logp = log_probs(session, ids, mask, fetched, mix)  # (B, T, V)
     nll = F.nll_loss(logp[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T-1)
     valid = mask[:, 1:].bool()
     return [TextLoss(float(nll[i][valid[i]].sum()), int(valid[i].sum())) for i in range(len(seqs))]

@@ -26,7 +26,7 @@ from torch import nn
 from ..core.errors import AnchorError
 from ..core.placement import CPU, Placement
 from .memory import Fetched, memory_delta
-from .mix import AnchorMix, with_anchor_rows
+from .mix import AnchorMix, Weights, mixes, with_anchor_rows
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -317,6 +317,11 @@ def attach(model: nn.Module, layers: tuple[int, ...]) -> MemoryHandle:
     return MemoryHandle(model, layers)
 
 
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether the tokenizer has a chat template (user turns: `--chat`, self-study seeds, echo questions)."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
 def left_padded(tokenizer: Any, texts: Sequence[str]) -> Any:
     """A batch for generation: left-padded (so every row continues at the same place), no special
     tokens added; the tokenizer's own padding side is left as it was."""
@@ -334,17 +339,17 @@ def generate(
     enc: Any,
     fetched: Fetched | None,
     max_new_tokens: int,
-    anchor_mix: float = 0.0,
+    anchor_mix: Weights = 0.0,
     streamer: Any = None,
     min_new_tokens: int | None = None,
 ) -> torch.Tensor:
     """Greedy generation of a tokenized batch (`enc`: input_ids, attention_mask on the model's device);
-    row i uses the blocks `fetched` gives row i. With `anchor_mix` w > 0 and memories fetched, each
-    next token is chosen on (1 - w) p(memories) + w p(anchor) (memctl.model.mix): the batch runs twice
-    over in one pass, the second copy fetching nothing. Returns (B, prompt + new) ids."""
+    row i uses the blocks `fetched` gives row i. With `anchor_mix` w > 0 (one share, or one per row) and
+    memories fetched, each next token is chosen on (1 - w) p(memories) + w p(anchor) (memctl.model.mix):
+    the batch runs twice over in one pass, the second copy fetching nothing. Returns (B, prompt + new) ids."""
     batch = enc["input_ids"].shape[0]
     kw: dict[str, Any] = {}
-    if anchor_mix > 0 and fetched is not None:
+    if mixes(anchor_mix) and fetched is not None:
         from transformers import LogitsProcessorList  # imported after load_anchor quietened transformers
 
         enc = {k: torch.cat([v, v]) for k, v in enc.items()}
@@ -389,7 +394,7 @@ def greedy(
     texts: Sequence[str],
     fetched: Fetched | None,
     max_new_tokens: int,
-    anchor_mix: float = 0.0,
+    anchor_mix: Weights = 0.0,
 ) -> list[str]:
     """Greedy continuations of a left-padded batch; row i uses the blocks `fetched` gives row i (mixed
     with the anchor's own distribution by `anchor_mix`, see `generate`)."""

@@ -8,7 +8,8 @@ The anchor's share puts back a floor under what the anchor expects, so such text
 continued much as the anchor alone would. It also takes a share away from every fact the memories
 recall: an answer survives only where the memories' token outweighs the anchor's own guess, which
 for facts the anchor cannot know (invented names, dates) it often does not. docs/corpora.md measures
-both sides on three corpora; memctl serves the memories alone unless asked.
+both sides on three corpora; memctl serves the memories alone unless asked, except near the relevance
+gate's floor, where the gate's ramp gives each context a share of its own (memctl.core.relevance.anchor_share).
 
 The anchor's distribution comes from the same forward pass: the batch is doubled, the second half
 of the rows fetching nothing (`with_anchor_rows`), so one batched pass gives both and generation
@@ -17,7 +18,7 @@ keeps one KV cache per row as usual.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -37,15 +38,37 @@ def check_mix(weight: float) -> float:
     return float(weight)
 
 
-def mixed_logprobs(memories: torch.Tensor, anchor: torch.Tensor, weight: float) -> torch.Tensor:
-    """log((1 - w) softmax(memories) + w softmax(anchor)), from two logit tensors of one shape (float32)."""
+Weights = float | Sequence[float]  # one share for the batch, or one per row
+
+
+def row_weights(weight: Weights, rows: int) -> list[float]:
+    """One share per row (a single share for every row)."""
+    if isinstance(weight, int | float):
+        return [float(weight)] * rows
+    out = [float(w) for w in weight]
+    if len(out) != rows:
+        raise ValueError(f"{len(out)} anchor shares for {rows} rows")
+    return out
+
+
+def mixes(weight: Weights) -> bool:
+    """Whether any row takes a share of the anchor (the batch must run twice over)."""
+    return any(w > 0 for w in ([weight] if isinstance(weight, int | float) else weight))
+
+
+def mixed_logprobs(memories: torch.Tensor, anchor: torch.Tensor, weight: Weights) -> torch.Tensor:
+    """log((1 - w) softmax(memories) + w softmax(anchor)), from two (B, ..., V) logit tensors of one shape
+    (float32); `weight` one share for every row or one per row."""
     m = torch.log_softmax(memories.float(), -1)
-    if weight <= 0:
+    w = row_weights(weight, m.shape[0])
+    if all(v <= 0 for v in w):
         return m
     a = torch.log_softmax(anchor.float(), -1)
-    if weight >= 1:
+    if all(v >= 1 for v in w):
         return a
-    return torch.logaddexp(m + math.log1p(-weight), a + math.log(weight))
+    wt = torch.tensor(w, dtype=torch.float32, device=m.device).clamp(0, 1).view(-1, *([1] * (m.dim() - 1)))
+    # log(0) = -inf where a row takes none of one side: logaddexp then returns the other side exactly
+    return torch.logaddexp(m + torch.log1p(-wt), a + torch.log(wt))
 
 
 def with_anchor_rows(fetched: Fetched) -> Fetched:
@@ -57,7 +80,7 @@ def with_anchor_rows(fetched: Fetched) -> Fetched:
     return Fetched(levels, 2 * fetched.batch, fetched.packed)
 
 
-def split_mix(logits: torch.Tensor, weight: float) -> torch.Tensor:
+def split_mix(logits: torch.Tensor, weight: Weights) -> torch.Tensor:
     """(2B, ..., V) logits of a doubled batch (with_anchor_rows) -> (B, ..., V) mixed log-probabilities."""
     half = logits.shape[0] // 2
     return mixed_logprobs(logits[:half], logits[half:], weight)
@@ -66,10 +89,10 @@ def split_mix(logits: torch.Tensor, weight: float) -> torch.Tensor:
 class AnchorMix:
     """A logits processor (transformers' LogitsProcessorList calls it) for generation on a doubled
     batch: both halves get the mixed log-probabilities of their row, so greedy decoding picks one token
-    for rows i and B + i."""
+    for rows i and B + i. `weight`: one share, or one per row of the (undoubled) batch."""
 
-    def __init__(self, weight: float) -> None:
-        self.weight = check_mix(weight)
+    def __init__(self, weight: Weights) -> None:
+        self.weight = check_mix(weight) if isinstance(weight, int | float) else [check_mix(w) for w in weight]
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         mixed = split_mix(scores, self.weight)

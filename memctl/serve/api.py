@@ -31,7 +31,7 @@ from ..build.routing import Router
 from ..core.config import train_config_from_json
 from ..core.errors import AnchorError, BankStateError, InputError
 from ..core.placement import Placement
-from ..core.relevance import below_floor, gate, sample_ids
+from ..core.relevance import RELEVANCE_RAMP, anchor_share, below_floor, check_ramp, gate, sample_ids
 from ..core.tree import Tree
 from ..model.anchor import MemoryHandle, attach, decoder_layers
 from ..model.memory import Fetched
@@ -63,6 +63,7 @@ class Routed:
     paths: np.ndarray  # (B, p) the path each row routed to (every row gets one, gated or not)
     relevance: np.ndarray  # (B,) the gate's reading of each row (Router.similarity)
     off: np.ndarray  # (B,) bool: rows the gate leaves to the anchor alone
+    share: np.ndarray  # (B,) the anchor's share of each row's next-token distribution (Memories.shares)
 
     @property
     def gated(self) -> np.ndarray:
@@ -81,7 +82,9 @@ class Memories:
     which a routed context fetches nothing and the anchor answers alone; `anchor_mix`: the anchor's share
     of each next-token distribution where memories are fetched (memctl.model.mix; None: the share the
     bank was trained for, 0 unless `train --anchor-mix`), in memctl's own generation and scoring
-    (BankSession); a model you generate with yourself gets the memories alone."""
+    (BankSession); `relevance_ramp`: above the floor the anchor's share ramps down to `anchor_mix` at
+    this multiple of the floor (memctl.core.relevance.anchor_share; None: RELEVANCE_RAMP, 1: a hard gate).
+    A model you generate with yourself gets the memories alone, unmixed."""
 
     def __init__(
         self,
@@ -95,6 +98,7 @@ class Memories:
         int8: bool = False,
         min_relevance: float | None = None,
         anchor_mix: float | None = None,
+        relevance_ramp: float | None = None,
     ) -> None:
         if cache_mb < 0:
             raise InputError("--cache-mb must be non-negative")
@@ -102,6 +106,7 @@ class Memories:
             raise InputError(f"--min-relevance is a cosine similarity floor in [0, 1] (0: off), got {min_relevance}")
         if anchor_mix is not None:
             check_mix(anchor_mix)
+        self.relevance_ramp = check_ramp(RELEVANCE_RAMP if relevance_ramp is None else relevance_ramp)
         self.home = home or memctl_home()
         self.reg = Registry.open(name, self.home)
         self.cfg = self.reg.config
@@ -194,8 +199,19 @@ class Memories:
         else:
             x, paths = np.zeros((0, self.tree.dim), np.float32), np.zeros((0, self.tree.p), np.int64)
         sims = self.router.similarity(x, paths)
-        off = below_floor(sims, self.relevance_floor) if judge else np.zeros(len(texts), dtype=bool)
-        return Routed(x, paths, sims, off)
+        if not judge:
+            return Routed(x, paths, sims, np.zeros(len(texts), dtype=bool), np.full(len(texts), self.anchor_mix))
+        off = below_floor(sims, self.relevance_floor)
+        return Routed(x, paths, sims, off, self.shares(sims))
+
+    def shares(self, sims: np.ndarray) -> np.ndarray:
+        """(B,) gate readings -> (B,) the anchor's share of each row's next-token distribution where the
+        row fetches memories: `anchor_mix`, or more just above the gate's floor, where the ramp hands a
+        context back to the anchor by degrees (memctl.core.relevance.anchor_share). Rows below the floor
+        fetch nothing: their share is `anchor_mix`, which changes nothing there."""
+        floor = self.relevance_floor
+        ramp = anchor_share(sims, floor, self.relevance_ramp)
+        return np.where(below_floor(sims, floor), self.anchor_mix, np.maximum(self.anchor_mix, ramp))
 
     @property
     def relevance_floor(self) -> float:

@@ -19,7 +19,7 @@ from transformers import TextStreamer
 
 from ..build.labels import LABEL_TITLES, node_label
 from ..core.errors import InputError
-from ..model.anchor import generate
+from ..model.anchor import generate, has_chat_template
 from ..registry import block_id
 from .api import MODES
 from .rag import with_context
@@ -92,7 +92,7 @@ class Chat:
         self.history: list[Turn] = []
         self._labels: dict[tuple[int, int], str] = {}
         tok = session.anchor.tokenizer
-        if not getattr(tok, "chat_template", None):
+        if not has_chat_template(tok):
             raise InputError("this anchor's tokenizer has no chat template; use `memctl ask` instead")
 
     # ---- labels -------------------------------------------------------------------------------------
@@ -168,7 +168,8 @@ class Chat:
 
         stream = _Stream(tok, emit)
         t3 = time.perf_counter()
-        generate(s.anchor, s.handle, enc, fetched, st.max_new_tokens, s.anchor_mix, stream)
+        share = float(r.share[0])
+        generate(s.anchor, s.handle, enc, fetched, st.max_new_tokens, [share] if fetched is not None else 0.0, stream)
         t_gen = time.perf_counter() - t3
         path = [int(v) for v in paths[0]]
         gated = bool(off is not None and off[0])
@@ -192,7 +193,7 @@ class Chat:
             stream.tokens,
             store,
             gated,
-            s.anchor_mix if used else 0.0,
+            share if used else 0.0,
         )
         if remember:
             self.history.append(turn)
@@ -220,7 +221,7 @@ def describe(turn: Turn) -> str:
         what = f"fetched {nodes}" + (f"; withheld {', '.join(turn.withheld)}" if turn.withheld else "")
     else:
         what = {"generic": "generic memory", "none": "anchor alone"}[st.mode]
-    what += f"; anchor mix {turn.anchor_mix:g}" if turn.anchor_mix else ""
+    what += f"; anchor mix {turn.anchor_mix:.2g}" if turn.anchor_mix else ""
     if st.rag and not turn.unrelated:
         r = turn.retrieved
         what += f"; RAG: {r['doc_id']} ({r['title']})" if r else "; RAG: nothing in the routed subtree"

@@ -14,7 +14,7 @@ import torch
 from ..core.errors import BankStateError, InputError
 from ..core.placement import CPU, Placement, placement
 from ..core.relevance import gate
-from ..model.anchor import Anchor, greedy, load_anchor
+from ..model.anchor import Anchor, greedy, has_chat_template, load_anchor
 from ..registry import block_id
 from .api import Memories
 from .rag import Retrieved, with_context
@@ -33,6 +33,7 @@ class Answer:
     retrieved: dict[str, Any] | None = None  # RAG: the window put in the prompt (id, document, title, score)
     relevance: float | None = None  # the gate's reading of the prompt (memctl.build.routing.Router.similarity)
     unrelated: bool = False  # below the bank's relevance floor: nothing fetched or retrieved, the anchor answered
+    anchor_mix: float = 0.0  # the anchor's share of each next-token distribution (memctl.model.mix); 0: none
 
 
 class BankSession(Memories):
@@ -52,6 +53,7 @@ class BankSession(Memories):
         place: Placement = CPU,
         min_relevance: float | None = None,
         anchor_mix: float | None = None,
+        relevance_ramp: float | None = None,
     ) -> None:
         """`place`: the device and dtype the anchor is loaded to (memctl.core.placement); its blocks are
         served there too."""
@@ -65,6 +67,7 @@ class BankSession(Memories):
             int8=int8,
             min_relevance=min_relevance,
             anchor_mix=anchor_mix,
+            relevance_ramp=relevance_ramp,
         )
         try:
             self.anchor = anchor or load_anchor(self.cfg.anchor, self.home, place)
@@ -82,7 +85,7 @@ class BankSession(Memories):
         tok = self.anchor.tokenizer
         if not chat:
             return list(prompts)
-        if not getattr(tok, "chat_template", None):
+        if not has_chat_template(tok):
             raise InputError("this anchor's tokenizer has no chat template; drop --chat")
         return [
             tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
@@ -101,15 +104,17 @@ class BankSession(Memories):
     ) -> list[Answer]:
         """Greedy answers for a batch; every row fetches the blocks of its own route. With `rag`, each
         row also gets the nearest window of its routed leaf in its prompt (any memory mode). A row the
-        relevance gate finds unrelated to the bank gets neither: the anchor answers its bare prompt.
+        relevance gate finds unrelated to the bank gets neither: the anchor answers its bare prompt; one
+        just above its floor is answered on a mixture with the anchor (the gate's ramp, `shares`).
         Routes given by the caller (`paths`) are used as they are, without the gate."""
         if not prompts:
             return []
         t0 = time.perf_counter()
         x, off, sims = None, None, None
+        share = np.full(len(prompts), self.anchor_mix)
         if (mode != "none" or rag) and paths is None:
             r = self.route_gated(prompts)
-            x, paths, sims, off = r.x, r.paths, r.relevance, r.off
+            x, paths, sims, off, share = r.x, r.paths, r.relevance, r.off, r.share
         t_route = time.perf_counter() - t0
         t1 = time.perf_counter()
         found: list[Retrieved | None] = [None] * len(prompts)
@@ -126,9 +131,8 @@ class BankSession(Memories):
         fetched = self.fetch(mode, paths if mode == "fetched" else None, len(prompts), off)
         t_fetch = time.perf_counter() - t2
         t3 = time.perf_counter()
-        outs = greedy(
-            self.anchor, self.handle, self.encode_prompts(texts, chat), fetched, max_new_tokens, self.anchor_mix
-        )
+        mix = [float(v) for v in share] if fetched is not None else 0.0
+        outs = greedy(self.anchor, self.handle, self.encode_prompts(texts, chat), fetched, max_new_tokens, mix)
         t_gen = time.perf_counter() - t3
         timings = {"route_s": t_route, "retrieve_s": t_retrieve, "fetch_s": t_fetch, "generate_s": t_gen}
         answers = []
@@ -138,7 +142,10 @@ class BankSession(Memories):
             blocks, withheld = self.blocks_used(mode, path) if not gated else ([], [])
             r = found[i]
             rel = float(sims[i]) if sims is not None else None
-            answers.append(Answer(p, t, mode, path, blocks, withheld, timings, r.to_dict() if r else None, rel, gated))
+            w = float(share[i]) if blocks else 0.0
+            answers.append(
+                Answer(p, t, mode, path, blocks, withheld, timings, r.to_dict() if r else None, rel, gated, w)
+            )
         return answers
 
     def context_room(self, prompt: str, reserve: int) -> int:
@@ -179,6 +186,7 @@ def ask(
     dtype: str | None = None,
     min_relevance: float | None = None,
     anchor_mix: float | None = None,
+    relevance_ramp: float | None = None,
 ) -> dict[str, Any]:
     if not prompt.strip():
         raise InputError("the prompt is empty")
@@ -192,6 +200,7 @@ def ask(
         place=place,
         min_relevance=min_relevance,
         anchor_mix=anchor_mix,
+        relevance_ramp=relevance_ramp,
     ) as s:
         ans = s.generate([prompt], mode=mode, max_new_tokens=max_new_tokens, chat=chat, rag=rag)[0]
         return {
@@ -206,7 +215,8 @@ def ask(
             "relevance": ans.relevance,
             "relevance_floor": s.relevance_floor,
             "unrelated": ans.unrelated,
-            "anchor_mix": s.anchor_mix if ans.blocks else 0.0,
+            "anchor_mix": ans.anchor_mix,
+            "relevance_ramp": s.relevance_ramp,
             "allow": sorted(allow) if allow is not None else None,
             "timings": ans.timings,
             "int8": int8,

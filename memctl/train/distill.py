@@ -27,12 +27,12 @@ import torch.nn.functional as F
 
 from ..build.routing import route_rows
 from ..core.probes import PROBE_TOKENS, is_correct
-from ..model.anchor import Anchor, greedy
+from ..model.anchor import Anchor, greedy, has_chat_template
 from ..model.prefix import on_model
 from ..registry import Registry
 from .batches import Sample, _teacher, batch_loss, collate, loss_positions
 from .coverage import bank_coverage
-from .echo import add_echo, has_chat_template
+from .echo import add_echo
 from .kinds import ECHO, QUESTION, replace_kind
 from .prompts import RULES, joins_without_space, window_prompts
 from .questions import ANSWER_TOKENS, answer_questions, chat_prompt, write_questions

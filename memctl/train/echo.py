@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..build.routing import route_rows
+from ..model.anchor import has_chat_template
 from ..registry import Registry
 from .kinds import ECHO, replace_kind
 from .prompts import _DAY, joins_without_space
@@ -136,11 +137,6 @@ def pick_statements(clozes: Sequence[tuple[str, str]], n: int) -> list[int]:
     chosen = set(picked)
     picked += [i for i in order if i not in chosen][: n - len(picked)]
     return picked
-
-
-def has_chat_template(tokenizer: Any) -> bool:
-    """Whether the anchor can be asked echo questions: they are user turns of its chat template."""
-    return bool(getattr(tokenizer, "chat_template", None))
 
 
 def add_echo(reg: Registry, tokenizer: Any, per_window: int, l1s: Sequence[int] | None = None) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..core.errors import InputError
-from ..model.anchor import Anchor, left_padded
+from ..model.anchor import Anchor, has_chat_template, left_padded
 
 EXAMPLE_TEXT = (
     "The Eiffel Tower is a wrought-iron lattice tower in Paris. It was completed in 1889 and is 330 metres tall."
@@ -51,7 +51,7 @@ def request_text(tokenizer: Any, text: str) -> str:
 
 def chat_prompt(tokenizer: Any, content: str) -> str:
     """One user turn in the anchor's chat template, ready for the assistant's answer."""
-    if not getattr(tokenizer, "chat_template", None):
+    if not has_chat_template(tokenizer):
         raise InputError("--questions needs an anchor whose tokenizer has a chat template")
     return str(
         tokenizer.apply_chat_template(

@@ -31,7 +31,7 @@ from transformers import DynamicCache
 
 from ..build.embed import get_embedder
 from ..build.routing import route_prompts
-from ..model.anchor import Anchor
+from ..model.anchor import Anchor, has_chat_template
 from ..model.prefix import layer_outputs, on_model
 from ..registry import Registry
 from .grounding import MIN_TOKENS, grounded_tokens
@@ -105,7 +105,7 @@ def chat_turn(tokenizer: Any, content: str) -> str:
 
 def seeds_for(tokenizer: Any, subject: str) -> list[Seed]:
     """Seeds naming the subject: questions in the chat template, or raw seeds without one."""
-    if getattr(tokenizer, "chat_template", None):
+    if has_chat_template(tokenizer):
         return [Seed(chat_turn(tokenizer, q), q, True) for q in (s.format(S=subject) for s in CHAT_SEEDS)]
     return [Seed(s.format(S=subject), s.format(S=subject), False) for s in RAW_SEEDS]
 
