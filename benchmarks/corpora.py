@@ -92,9 +92,20 @@ CHAT_SETUPS = "oracle-rag,fetched"
 CHAT_ANSWER_TOKENS = 32
 
 
+SERVING_OPTIONS = ("--anchor-mix", "--relevance-ramp")  # change only how fetched memories are served
+
+
 def mix_only(eval_extra: list[str]) -> bool:
-    """The extra eval options change only how fetched memories are served (`--anchor-mix W`)."""
-    return len(eval_extra) == 2 and eval_extra[0] == "--anchor-mix"
+    """The extra eval options change only how fetched memories are served (`--anchor-mix W`,
+    `--relevance-ramp R`): the setups without memories answer as before."""
+    flags = eval_extra[0::2]
+    return bool(eval_extra) and len(eval_extra) % 2 == 0 and all(f in SERVING_OPTIONS for f in flags)
+
+
+def answers_name(kind: str, eval_extra: list[str]) -> str:
+    """The file a scoring's answers go to: one per set of extra eval options, so a rescore keeps the first's."""
+    tag = "".join(a.strip("-").replace(".", "_") for a in eval_extra)
+    return f"answers-{kind}{'-' + tag if tag else ''}.jsonl"
 
 
 def run(env: dict[str, str], args: list[str], log: Path) -> str:
@@ -250,18 +261,18 @@ def score(
         main_setups, question_setups = (",".join(s for s in x.split(",") if s not in kept)
                                         for x in (MAIN_SETUPS, QUESTION_SETUPS))  # fmt: skip
     main = setups_of(memctl(env, log, *base, "--probes", str(probes), "--setups", main_setups),
-                     home / "answers-main.jsonl")  # fmt: skip
+                     home / answers_name("main", eval_extra))  # fmt: skip
     asked = setups_of(
         memctl(env, log, *base, "--probes", str(questions), "--setups", question_setups,
                "--answer-tokens", str(QUESTION_ANSWER_TOKENS)),
-        home / "answers-questions.jsonl",
+        home / answers_name("questions", eval_extra),
     )  # fmt: skip
     chat = None
     if corpus in CHAT_CORPORA:
         chat = setups_of(
             memctl(env, log, *base, "--probes", str(questions), "--setups", CHAT_SETUPS, "--chat",
                    "--answer-tokens", str(CHAT_ANSWER_TOKENS)),
-            home / "answers-chat.jsonl",
+            home / answers_name("chat", eval_extra),
         )  # fmt: skip
     if trained is not None:
         main.update({s: r for s, r in trained["main"].items() if s in kept})
