@@ -63,6 +63,21 @@ def corpus(tmp_path: Path) -> Path:
     return d
 
 
+@pytest.fixture()
+def mixing_bank(home: Path, corpus: Path, tiny_anchor: Path) -> str:
+    """Bank "s" on the tiny anchor, trained so that its memories change the greedy answers: for the anchor
+    mixture's tests (test_mix, test_ramp)."""
+    from memctl.build.ingest import ingest
+    from memctl.train.run import train
+
+    ingest("s", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    # lr 5e-2 (5x train's default): on this tiny random Llama the memories then change the greedy answers;
+    # fp32 on any CPU (auto would train in bf16 where the CPU multiplies it in hardware); no echo questions, so
+    # that the weights the tests measured are this bank's
+    train("s", {"epochs": 2, "batch_size": 2, "objective": "mix", "lr": 5e-2, "echo": 0}, home=home, dtype="fp32")
+    return "s"
+
+
 def tree_digest(path: Path) -> str:
     """Hash of every file (name and bytes) under a directory: 'unchanged' means equal digests."""
     h = hashlib.sha256()

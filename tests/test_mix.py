@@ -17,23 +17,12 @@ from memctl.core.errors import InputError
 from memctl.eval.perplexity import token_losses
 from memctl.model.anchor import left_padded
 from memctl.model.mix import check_mix, mixed_logprobs, with_anchor_rows
-from memctl.registry import Registry
 from memctl.serve.chat import Chat, ChatSettings, describe
 from memctl.serve.session import BankSession
 from memctl.train.run import train
 
 runner = CliRunner()
 QUERIES = ["Iron is a strong metal", "Neon is a noble gas", "The owl hunts at night", "copper conducts"]
-
-
-@pytest.fixture()
-def bank(home: Path, corpus: Path, tiny_anchor: Path) -> Registry:
-    ingest("s", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
-    # lr 5e-2 (5x train's default): on this tiny random Llama the memories then change the greedy answers;
-    # fp32 on any CPU (auto would train in bf16 where the CPU multiplies it in hardware); no echo questions, so
-    # that the weights below are this bank's as measured
-    train("s", {"epochs": 2, "batch_size": 2, "objective": "mix", "lr": 5e-2, "echo": 0}, home=home, dtype="fp32")
-    return Registry.open("s", home)
 
 
 def test_mixed_logprobs_is_the_log_of_the_weighted_mean_of_probabilities() -> None:
@@ -56,7 +45,7 @@ def _logits(s: BankSession, ids: torch.Tensor, mask: torch.Tensor, fetched: obje
 
 
 @pytest.mark.parametrize("int8", [False, True])
-def test_anchor_rows_fetch_nothing_and_the_others_keep_their_blocks(home: Path, bank: Registry, int8: bool) -> None:
+def test_anchor_rows_fetch_nothing_and_the_others_keep_their_blocks(home: Path, mixing_bank: str, int8: bool) -> None:
     """A doubled batch gives each row's memories in its first half and the anchor alone in its
     second, in one pass (fp32 blocks and int8 packs)."""
     with BankSession("s", home, int8=int8) as s:
@@ -87,7 +76,7 @@ def _mixed_greedy(s: BankSession, prompt: str, fetched: object, w: float, steps:
     return out
 
 
-def test_generation_picks_each_token_on_the_mixture(home: Path, bank: Registry) -> None:
+def test_generation_picks_each_token_on_the_mixture(home: Path, mixing_bank: str) -> None:
     """Batched, left-padded, cached generation on the doubled batch picks, row by row, the tokens a
     plain step-by-step decoder picks on (1 - w) p(memories) + w p(anchor); w = 1 is the anchor alone."""
     steps = 6
@@ -117,7 +106,7 @@ def test_generation_picks_each_token_on_the_mixture(home: Path, bank: Registry) 
         ]
 
 
-def test_chat_streams_the_mixed_answer(home: Path, bank: Registry) -> None:
+def test_chat_streams_the_mixed_answer(home: Path, mixing_bank: str) -> None:
     with BankSession("s", home, anchor_mix=0.5, min_relevance=0) as s:
         chat = Chat(s, ChatSettings(max_new_tokens=5))
         pieces: list[str] = []
@@ -130,7 +119,7 @@ def test_chat_streams_the_mixed_answer(home: Path, bank: Registry) -> None:
         assert alone.anchor_mix == 0.0 and "anchor mix" not in describe(alone)
 
 
-def test_losses_score_the_mixture_and_the_anchor_alone_unmixed(home: Path, bank: Registry) -> None:
+def test_losses_score_the_mixture_and_the_anchor_alone_unmixed(home: Path, mixing_bank: str) -> None:
     with BankSession("s", home, anchor_mix=0.3, min_relevance=0) as s:
         tok = s.anchor.tokenizer
         seqs = [tok(q, add_special_tokens=False)["input_ids"] for q in QUERIES]
@@ -149,7 +138,7 @@ def test_losses_score_the_mixture_and_the_anchor_alone_unmixed(home: Path, bank:
         assert sum(x.nll for x in got) != pytest.approx(sum(x.nll for x in token_losses(s, seqs, fetched)))
 
 
-def test_cli_anchor_mix(home: Path, bank: Registry, tmp_path: Path) -> None:
+def test_cli_anchor_mix(home: Path, mixing_bank: str, tmp_path: Path) -> None:
     """ask reports the mix it served; eval records it, so a mixed run is a new run, not a resumed one;
     a share outside [0, 1] is a one-line error."""
     res = runner.invoke(app, ["ask", QUERIES[1], "--bank", "s", "--json", "--anchor-mix", "0.5",

@@ -13,7 +13,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from memctl.build.ingest import ingest
 from memctl.cli import app
 from memctl.core.errors import InputError
 from memctl.core.probes import Probe
@@ -23,18 +22,9 @@ from memctl.eval.perplexity import token_losses
 from memctl.model.mix import mixed_logprobs
 from memctl.serve.chat import Chat, ChatSettings
 from memctl.serve.session import BankSession
-from memctl.train.run import train
 
 runner = CliRunner()
 QUERIES = ["Iron is a strong metal", "Neon is a noble gas", "The owl hunts at night", "copper conducts"]
-
-
-@pytest.fixture()
-def bank(home: Path, corpus: Path, tiny_anchor: Path) -> str:
-    ingest("r", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
-    # lr 5e-2, fp32, no echo: the memories then change the tiny random Llama's answers (as in test_mix)
-    train("r", {"epochs": 2, "batch_size": 2, "objective": "mix", "lr": 5e-2, "echo": 0}, home=home, dtype="fp32")
-    return "r"
 
 
 def test_anchor_share_ramps_from_the_floor_to_its_multiple() -> None:
@@ -71,11 +61,11 @@ def _ramped(home: Path, bank: str) -> tuple[float, float, np.ndarray]:
     return floor, ramp, share
 
 
-def test_answers_on_the_ramp_are_the_mixture_at_each_rows_share(home: Path, bank: str) -> None:
+def test_answers_on_the_ramp_are_the_mixture_at_each_rows_share(home: Path, mixing_bank: str) -> None:
     """A batch of contexts on the ramp answers row by row as each would alone with a fixed anchor mix at its
     share; the hard gate (ramp 1) serves the memories alone, and chat streams the same mixture."""
-    floor, ramp, want_share = _ramped(home, bank)
-    with BankSession(bank, home, min_relevance=floor, relevance_ramp=ramp) as s:
+    floor, ramp, want_share = _ramped(home, mixing_bank)
+    with BankSession(mixing_bank, home, min_relevance=floor, relevance_ramp=ramp) as s:
         answers = s.generate(QUERIES, max_new_tokens=6)
         assert [a.anchor_mix for a in answers] == pytest.approx(want_share.tolist())
         assert not any(a.unrelated for a in answers)
@@ -83,24 +73,24 @@ def test_answers_on_the_ramp_are_the_mixture_at_each_rows_share(home: Path, bank
         assert turn.anchor_mix == pytest.approx(want_share[1])
     mixed_somewhere = False
     for q, a, w in zip(QUERIES, answers, want_share, strict=True):
-        with BankSession(bank, home, min_relevance=floor, relevance_ramp=1, anchor_mix=float(w)) as fixed:
+        with BankSession(mixing_bank, home, min_relevance=floor, relevance_ramp=1, anchor_mix=float(w)) as fixed:
             assert a.text == fixed.generate([q], max_new_tokens=6)[0].text, q
-        with BankSession(bank, home, min_relevance=floor, relevance_ramp=1) as alone:
+        with BankSession(mixing_bank, home, min_relevance=floor, relevance_ramp=1) as alone:
             hard = alone.generate([q], max_new_tokens=6)
             assert hard[0].anchor_mix == 0.0
             mixed_somewhere |= hard[0].text != a.text
-    assert mixed_somewhere  # the ramp changed an answer on this bank: the test tells it from the hard gate
+    assert mixed_somewhere  # the ramp changed an answer on this mixing_bank: the test tells it from the hard gate
 
 
-def test_eval_scores_and_answers_on_the_ramp(home: Path, bank: str, tmp_path: Path) -> None:
+def test_eval_scores_and_answers_on_the_ramp(home: Path, mixing_bank: str, tmp_path: Path) -> None:
     """eval's probes answer as generate does, its perplexity takes each document's share, and the ramp is a
     parameter of the run (another ramp: a new run)."""
-    floor, ramp, _ = _ramped(home, bank)
+    floor, ramp, _ = _ramped(home, mixing_bank)
     doc = tmp_path / "held.txt"
     doc.write_text(QUERIES[0] + ". " + QUERIES[3] + ".")
     probes = [Probe("", "k", q, ("x",)) for q in QUERIES]
     opts = ev.EvalOptions(("anchor", "fetched"), answer_tokens=6)
-    with BankSession(bank, home, min_relevance=floor, relevance_ramp=ramp) as s:
+    with BankSession(mixing_bank, home, min_relevance=floor, relevance_ramp=ramp) as s:
         plan = ev.plan_eval(s, probes, opts, [doc.read_text()])
         fetched = [j for j in plan.jobs if j.group == "fetched"]
         assert [j.mix for j in fetched] == pytest.approx(s.route_gated(QUERIES).share.tolist())
@@ -116,13 +106,13 @@ def test_eval_scores_and_answers_on_the_ramp(home: Path, bank: str, tmp_path: Pa
         assert one.nll != pytest.approx(token_losses(s, [ppl.seqs], s.store.fetch_paths(ppl.paths), 0.0)[0].nll)
         out = ev.run_eval(s, probes, opts, store=False)
         assert out["params"]["relevance_ramp"] == ramp
-    with BankSession(bank, home, min_relevance=floor, relevance_ramp=1) as s:
+    with BankSession(mixing_bank, home, min_relevance=floor, relevance_ramp=1) as s:
         assert "relevance_ramp" not in ev.run_eval(s, probes, opts, store=False)["params"]
 
 
-def test_cli_relevance_ramp(home: Path, bank: str) -> None:
-    floor, ramp, share = _ramped(home, bank)
-    base = ["ask", QUERIES[1], "--bank", bank, "--json", "--min-relevance", str(floor), "--max-new-tokens", "2"]
+def test_cli_relevance_ramp(home: Path, mixing_bank: str) -> None:
+    floor, ramp, share = _ramped(home, mixing_bank)
+    base = ["ask", QUERIES[1], "--bank", mixing_bank, "--json", "--min-relevance", str(floor), "--max-new-tokens", "2"]
     d = json.loads(runner.invoke(app, [*base, "--relevance-ramp", str(ramp)]).stdout)
     assert d["anchor_mix"] == pytest.approx(share[1], rel=1e-4) and d["relevance_ramp"] == pytest.approx(ramp)
     assert json.loads(runner.invoke(app, base).stdout)["relevance_ramp"] == RELEVANCE_RAMP

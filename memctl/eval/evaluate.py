@@ -32,7 +32,7 @@ import numpy as np
 from ..build.corpus import read_documents
 from ..core.errors import InputError
 from ..core.probes import PROBE_TOKENS, Probe, file_sha256, is_correct
-from ..core.relevance import gate
+from ..core.relevance import below_floor, gate
 from ..core.tree import best_matching
 from ..model.anchor import greedy
 from ..model.memory import Fetched
@@ -156,8 +156,9 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
             mix = None
             if opts.blocking == "reroute":  # as in a bank without those nodes: the gate judges the new leaf
                 path = session.router.route_avoiding(x[i], set(nodes))
-                off_i = session.unrelated(x[i : i + 1], path[None])
-                mix = float(session.shares(session.router.similarity(x[i : i + 1], path[None]))[0])
+                sims_i = session.router.similarity(x[i : i + 1], path[None])
+                off_i = below_floor(sims_i, session.relevance_floor)
+                mix = float(session.shares(sims_i)[0])
             else:
                 path = np.array([-1 if (lvl + 1, int(n)) in nodes else int(n) for lvl, n in enumerate(routes[i])])
                 off_i = off[i : i + 1]
@@ -242,7 +243,7 @@ def run_jobs(
             batch = todo[s : s + batch_size]
             t0 = time.perf_counter()
             fetched = _fetched(session, batch)
-            mix = [j.mix for j in batch] if fetched is not None else 0.0  # per row: the relevance gate's ramp
+            mix = [j.mix for j in batch]  # per row: the relevance gate's ramp (mixed only where memories are fetched)
             out: list[ItemResult] = []
             if batch[0].seqs:
                 losses = token_losses(session, [j.seqs for j in batch], fetched, mix)

@@ -168,8 +168,8 @@ class Chat:
 
         stream = _Stream(tok, emit)
         t3 = time.perf_counter()
-        share = float(r.share[0])
-        generate(s.anchor, s.handle, enc, fetched, st.max_new_tokens, [share] if fetched is not None else 0.0, stream)
+        share = float(r.share[0])  # the anchor's share, where memories are fetched (without them: none)
+        generate(s.anchor, s.handle, enc, fetched, st.max_new_tokens, share, stream)
         t_gen = time.perf_counter() - t3
         path = [int(v) for v in paths[0]]
         gated = bool(off is not None and off[0])

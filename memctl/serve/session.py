@@ -131,7 +131,7 @@ class BankSession(Memories):
         fetched = self.fetch(mode, paths if mode == "fetched" else None, len(prompts), off)
         t_fetch = time.perf_counter() - t2
         t3 = time.perf_counter()
-        mix = [float(v) for v in share] if fetched is not None else 0.0
+        mix = [float(v) for v in share]  # mixed only where memories are fetched
         outs = greedy(self.anchor, self.handle, self.encode_prompts(texts, chat), fetched, max_new_tokens, mix)
         t_gen = time.perf_counter() - t3
         timings = {"route_s": t_route, "retrieve_s": t_retrieve, "fetch_s": t_fetch, "generate_s": t_gen}
