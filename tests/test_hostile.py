@@ -144,6 +144,79 @@ def test_bad_train_and_eval_values_are_one_line(
     assert "cannot read it" in one_error_line(invoke("eval", "--bank", "b", "--probes", str(probes)))
 
 
+def test_undecodable_text_unbounded_values_and_unwritable_places_are_one_line(
+    home: Path, corpus: Path, tiny_anchor: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by trying the CLI as a hostile user would (2026-12-03): each of these once ended in a traceback,
+    an "internal error", a NaN mixture with a numpy warning, a run that never ended, or an eval whose
+    report was lost after the whole run."""
+    ingest("b", [corpus], anchor=str(tiny_anchor), embedder="hash", tree=(2, 2), home=home)
+    before = tree_digest(home / "banks" / "b")
+    bad = "caf\udce9 au lait"  # how a latin-1 byte in argv or a pipe reaches Python
+    probes = tmp_path / "p.jsonl"
+    probes.write_text('{"doc": "x", "kind": "k", "prompt": "Iron is", "answers": ["metal"]}\n')
+    for args, message in (
+        (["ask", bad, "--bank", "b"], "the prompt is not valid UTF-8 text (byte b'\\xe9' at character 3)"),
+        (["ask", "Iron", "--bank", "b", "--max-new-tokens", "100000000"], "--max-new-tokens must be between 1 and 4,"),
+        (["ask", "Iron", "--bank", "b", "--relevance-ramp", "inf"], "--relevance-ramp is a multiple"),
+        (["ask", "Iron", "--bank", "b", "--cache-mb", "nan"], "--cache-mb is the block cache's size"),
+        (["ask", "Iron", "--bank", "b", "--cache-mb", "inf"], "--cache-mb is the block cache's size"),
+        (["chat", "--bank", "b", "--plain", "--max-new-tokens", "5000"], "--max-new-tokens must be between 1"),
+        (["block", "--bank", "b", "--node", "1:0", "--reason", bad], "--reason is not valid UTF-8 text"),
+        (["block", "--bank", "b", "--query", bad, "--fraction", "0.5"], "--query is not valid UTF-8 text"),
+        (["train", "--bank", "b", "--preserve-pool", str(10**20)], "--preserve-pool must be between 1 and 65,536"),
+        (["eval", "--bank", "b", "--probes", str(probes), "--beam", str(10**20)], "--beam must be between 1 and"),
+    ):
+        assert message in one_error_line(invoke(*args)), args
+    assert tree_digest(home / "banks" / "b") == before
+
+    # a chat line that is not UTF-8: one error line, and the chat answers the next line
+    from memctl.serve.chat import Chat
+
+    seen: list[str] = []
+    real_turn = Chat.turn
+
+    def turn(self: Chat, message: str, *a: Any, **k: Any) -> Any:
+        seen.append(message)
+        return real_turn(self, message, *a, **k)
+
+    monkeypatch.setattr(Chat, "turn", turn)
+    chat = ["chat", "--bank", "b", "--plain", "--max-new-tokens", "2"]
+    res = runner.invoke(app, chat, input=b"caf\xe9 au lait\nIron is\n")
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    assert "the message is not valid UTF-8 text" in res.stderr and seen == [bad, "Iron is"]
+
+    # a report or an archive in a place that cannot be written: refused before any work
+    import memctl.eval.evaluate
+
+    ran: list[int] = []
+    monkeypatch.setattr(memctl.eval.evaluate, "run_eval", lambda *a, **k: ran.append(1))
+    locked = tmp_path / "locked"
+    locked.mkdir()
+
+    real_mkdir = Path.mkdir
+
+    def deny(self: Path, *a: Any, **k: Any) -> Any:  # root writes through chmod: refuse as a read-only disk would
+        if locked in self.parents or self == locked / "report":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_mkdir(self, *a, **k)
+
+    monkeypatch.setattr(Path, "mkdir", deny)
+    res = invoke("eval", "--bank", "b", "--probes", str(probes), "--report", str(locked / "report"))
+    assert "cannot write there (Permission denied)" in one_error_line(res) and not ran
+
+    import memctl.ops.transfer as transfer
+
+    def no_file(folder: Path, part: Path) -> Any:
+        raise PermissionError(13, "Permission denied", str(part))
+
+    monkeypatch.setattr(transfer, "archive_file", no_file)
+    assert f"cannot write in {locked}: Permission denied" in one_error_line(
+        invoke("export", str(locked / "b.memctl"), "--bank", "b")
+    )
+    assert tree_digest(home / "banks" / "b") == before
+
+
 # ---- --json: errors are JSON, NaN is null ---------------------------------------------------------
 def _strict(text: str) -> Any:
     def no_constant(c: str) -> None:

@@ -141,6 +141,27 @@ def test_doctor_of_a_bank_that_is_not_there(home: Path) -> None:
     assert "no bank named 'nope'" in line
 
 
+def test_doctor_names_a_lost_table_or_column(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    """A registry missing a table (or a column) of its schema version: every command fails on it, so doctor
+    says what is gone and how to rebuild, instead of the error that sends the user back to doctor."""
+    import sqlite3
+
+    _bank(corpus, tiny_anchor, home, trained=False).close()
+    assert not [f for f in doctor("b", home).findings if f.problem]
+    db = home / "banks" / "b" / "registry.db"
+    conn = sqlite3.connect(db)
+    conn.execute("alter table prompts drop column answer")
+    conn.execute("drop table documents")
+    conn.commit()
+    conn.close()
+    found = [f for f in doctor("b", home).findings if f.problem]
+    assert len(found) == 1 and found[0].check == "schema", found
+    assert "has lost table documents, column prompts.answer of its schema" in found[0].message
+    assert "memctl import ARCHIVE --bank b" in (found[0].fix or "")
+    res = invoke("doctor", "--bank", "b")
+    assert res.exit_code != 0 and "table documents" in res.output and "Traceback" not in res.output
+
+
 # ---- the writer lock ----------------------------------------------------------------------------------
 def _hold(name: str, home: Path, release: threading.Event, seconds: float = 60.0) -> threading.Thread:
     """Another writer: holds the bank's lock until `release` is set (or `seconds` pass)."""

@@ -161,7 +161,7 @@ def _load_table(path: Path) -> Any:
     import datasets
 
     datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a malformed file is our one-line error, not its log
     suffix = path.suffix.lower()
     data = _check_bytes(path, textual=suffix != ".parquet")
     kind = {".json": "json", ".csv": "csv", ".parquet": "parquet"}[suffix]

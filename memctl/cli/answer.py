@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
@@ -58,8 +59,6 @@ def ask(
     def go() -> Any:
         if no_memory and generic:
             raise InputError("--no-memory and --generic exclude each other")
-        if max_new_tokens < 1:
-            raise InputError("--max-new-tokens must be at least 1")
         mode = "none" if no_memory else "generic" if generic else "fetched"
         tags = parse_tags(allow) if allow is not None else None
         return do_ask(
@@ -155,9 +154,9 @@ def chat(
     session_chat = run(open_chat)
     try:
         if as_json:
-            _json_chat(session_chat)
+            run(lambda: _json_chat(session_chat))
         elif plain:
-            _plain_chat(session_chat)
+            run(lambda: _plain_chat(session_chat))  # Ctrl-C or a bug: one line, as every command
         else:
             from ..tui.chat import run_chat
 
@@ -166,12 +165,23 @@ def chat(
         session_chat.session.close()
 
 
+def _stdin_lines() -> Iterator[str]:
+    """stdin's lines, decoded here: bytes that are not UTF-8 come through as lone surrogates (Python's
+    surrogateescape, whatever the locale), so the turn refuses that one line and the chat goes on."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a text stream without bytes underneath (tests)
+        yield from sys.stdin
+        return
+    for raw in buffer:
+        yield raw.decode("utf-8", "surrogateescape")
+
+
 def _plain_chat(c: Any) -> None:
     from dataclasses import replace
 
     from ..serve.chat import describe
 
-    for raw in sys.stdin:
+    for raw in _stdin_lines():
         line = raw.strip()
         if not line:
             continue
@@ -217,7 +227,7 @@ def _json_chat(c: Any) -> None:
         sys.stdout.write(json_text(obj) + "\n")
         sys.stdout.flush()
 
-    for raw in sys.stdin:
+    for raw in _stdin_lines():
         line = raw.strip()
         if not line:
             continue

@@ -80,6 +80,7 @@ MAX_QUESTIONS = 16
 MAX_ECHO = 32
 MAX_STUDY = 32
 MAX_MATCH_HIDDEN = 100.0
+MAX_PRESERVE_POOL = 1 << 16  # sequences: the default's 64x, about 4M tokens
 MAX_RESTARTS = 8  # each halves the learning rate: 1/256 of it after eight
 ON_DRIFT = ("restart", "rollback")  # what a unit whose loss diverges or drifts does (memctl.train.diverge)
 
@@ -159,8 +160,8 @@ class TrainConfig:
             raise InputError(f"--preserve-own must be between 0 and 4, got {self.preserve_own}")
         if self.preserve_by not in ("output", "states"):
             raise InputError(f"--preserve-by must be output or states, got {self.preserve_by!r}")
-        if self.preserve_pool < 1:
-            raise InputError(f"--preserve-pool must be at least 1, got {self.preserve_pool}")
+        if not 1 <= self.preserve_pool <= MAX_PRESERVE_POOL:
+            raise InputError(f"--preserve-pool must be between 1 and {MAX_PRESERVE_POOL:,}, got {self.preserve_pool}")
         if not 0 <= self.questions <= MAX_QUESTIONS:
             raise InputError(f"--questions must be between 0 and {MAX_QUESTIONS}, got {self.questions}")
         if not 0 <= self.echo <= MAX_ECHO:

@@ -33,6 +33,8 @@ read about twice the floor and more, keep the memories alone (docs/corpora.md).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .errors import InputError
@@ -95,8 +97,10 @@ def unrelated(tree: Tree, x: np.ndarray, paths: np.ndarray, floor: float) -> np.
 
 
 def check_ramp(ramp: float) -> float:
-    if not ramp >= 1:  # NaN fails too
-        raise InputError(f"--relevance-ramp is a multiple of the relevance floor, 1 (a hard gate) or more; got {ramp}")
+    if not 1 <= ramp < math.inf:  # NaN fails too
+        raise InputError(
+            f"--relevance-ramp is a multiple of the relevance floor, 1 (a hard gate) or more and finite; got {ramp}"
+        )
     return float(ramp)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.config import MAX_NODES
 from ..core.errors import InputError, MemctlError
 from ..core.probes import PROBE_TOKENS, Probe
 
@@ -16,6 +17,7 @@ SETUPS = ("anchor", "generic", "fetched", "rag", "rag+fetched", "oracle-rag", "f
 PPL_SETUPS = {"anchor": "none", "generic": "generic", "fetched": "fetched"}  # setups perplexity applies to
 BLOCKING = ("reroute", "withhold")
 MAX_ANSWER_TOKENS = 256
+MAX_BEAM = MAX_NODES  # leaves: no tree has more
 PPL_CHUNK = 512  # tokens per perplexity chunk at most (also capped by the bank's window)
 
 
@@ -40,8 +42,8 @@ class EvalOptions:
             raise InputError(f"unknown setup {unknown[0]!r}; use {', '.join(SETUPS)}")
         if not self.setups:
             raise InputError("no setups to evaluate")
-        if self.beam < 1:
-            raise InputError("--beam must be at least 1")
+        if not 1 <= self.beam <= MAX_BEAM:
+            raise InputError(f"--beam must be between 1 and {MAX_BEAM:,} leaves, got {self.beam}")
         if self.batch_size < 1:
             raise InputError("--batch-size must be at least 1")
         if not 1 <= self.answer_tokens <= MAX_ANSWER_TOKENS:

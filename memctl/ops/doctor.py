@@ -39,7 +39,7 @@ from ..registry import TMP_FILE, Registry, check_name, memctl_home, now
 from ..registry.blockfile import SUFFIX
 from ..registry.checkpoints import GLOB, LEGACY_GLOB
 from ..registry.lock import bank_lock, holder, lock_path, pid_alive, try_lock
-from ..registry.migrations import MIGRATIONS
+from ..registry.migrations import MIGRATIONS, lost_schema
 from ..registry.runs import interrupt_dead_runs
 from ..train.checkpoint import checkpoint_settings
 from ..train.units import GENERIC
@@ -263,6 +263,10 @@ def _registry_ok(doc: _Doctor, bank_dir: Path) -> bool:
                 f"schema version {version} is not one this memctl knows (1..{len(MIGRATIONS)})",
                 fix="pip install -U memctl  (a newer memctl wrote this bank)",
             )
+            return False
+        lost = lost_schema(conn, version)
+        if lost:
+            doc.add("schema", f"{db} has lost {lost} of its schema (version {version})", fix=rebuild)
             return False
         if version < len(MIGRATIONS):
             f = doc.add("schema", f"schema version {version}, this memctl's is {len(MIGRATIONS)}", problem=False)

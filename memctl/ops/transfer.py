@@ -80,7 +80,10 @@ def export_bank(
     reg = Registry.open(name, home)
     sweep_export_leftovers(reg.path, out)
     part = out.with_name(f".{out.name}.part{os.getpid()}")
-    fd, named = archive_file(out.parent, part)
+    try:
+        fd, named = archive_file(out.parent, part)
+    except OSError as e:
+        raise InputError(f"cannot write in {out.parent}: {e.strerror or type(e).__name__}") from None
     try:
         try:
             manifest, documents = _snapshot(reg, allow, fd)
@@ -247,7 +250,7 @@ def import_bank(
         final = Registry.bank_dir(name, home)
         with bank_lock(name, home):  # the new bank's name, locked before its directory exists (memctl.registry.lock)
             if final.exists():
-                raise BankStateError(f"bank {name!r} already exists at {final}; import under another name (--name)")
+                raise BankStateError(f"bank {name!r} already exists at {final}; import under another name (--bank)")
             staging = final.with_name(f".{name}.import{os.getpid()}")
             try:
                 shutil.rmtree(staging, ignore_errors=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import InputError
+from ..core.errors import InputError, check_text
 from ..core.tree import best_matching
 from ..registry import Registry, block_id, now
 from ..registry.lock import writer
@@ -141,6 +141,9 @@ def set_blocked(
 ) -> BlockChange:
     """Block (or unblock) the selected blocks, in one transaction, with reason and time; holding the
     bank's writer lock (memctl.registry.lock), re-entered when the caller already holds it (the CLI does)."""
+    check_text(reason, "--reason")
+    if query is not None:
+        check_text(query, "--query")
     reg = Registry.open(name, home)
     try:
         if everything:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -235,3 +236,21 @@ def migrate(db: sqlite_utils.Database) -> int:
             step(db)
             db["schema_migrations"].insert({"version": version, "applied": datetime.now(UTC).isoformat()})
     return len(MIGRATIONS)
+
+
+def lost_schema(conn: sqlite3.Connection, version: int) -> str:
+    """The tables and columns that schema `version` has and this registry lacks ("table documents, column
+    prompts.kind"), or "": a registry whose table was dropped would otherwise fail every command."""
+    want = sqlite_utils.Database(memory=True)
+    want["schema_migrations"].create({"version": int, "applied": str}, pk="version")
+    for step in MIGRATIONS[:version]:
+        step(want)
+    have = {t: {c[1] for c in conn.execute(f'PRAGMA table_info("{t}")')} for (t,) in
+            conn.execute("select name from sqlite_master where type = 'table'")}  # fmt: skip
+    lost = []
+    for table in want.table_names():
+        if table not in have:
+            lost.append(f"table {table}")
+        else:
+            lost += [f"column {table}.{c.name}" for c in want[table].columns if c.name not in have[table]]
+    return ", ".join(lost)

@@ -38,7 +38,7 @@ from ..model.memory import Fetched
 from ..model.mix import DEFAULT_ANCHOR_MIX, check_mix
 from ..registry import Registry, memctl_home
 from .rag import Retriever
-from .store import DEFAULT_CACHE_MB, BlockStore
+from .store import DEFAULT_CACHE_MB, MAX_CACHE_MB, BlockStore
 
 Mode = Literal["fetched", "generic", "none"]
 MODES: tuple[str, ...] = ("fetched", "generic", "none")
@@ -100,8 +100,8 @@ class Memories:
         anchor_mix: float | None = None,
         relevance_ramp: float | None = None,
     ) -> None:
-        if cache_mb < 0:
-            raise InputError("--cache-mb must be non-negative")
+        if not 0 <= cache_mb <= MAX_CACHE_MB:  # NaN fails too
+            raise InputError(f"--cache-mb is the block cache's size in MB, 0 to {MAX_CACHE_MB:,}; got {cache_mb}")
         if min_relevance is not None and not 0 <= min_relevance <= 1:
             raise InputError(f"--min-relevance is a cosine similarity floor in [0, 1] (0: off), got {min_relevance}")
         if anchor_mix is not None:

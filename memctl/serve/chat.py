@@ -18,7 +18,7 @@ import torch
 from transformers import TextStreamer
 
 from ..build.labels import LABEL_TITLES, node_label
-from ..core.errors import InputError
+from ..core.errors import InputError, check_new_tokens, check_text
 from ..model.anchor import generate, has_chat_template
 from ..registry import block_id
 from .api import MODES
@@ -40,8 +40,7 @@ class ChatSettings:
             raise InputError(f"unknown memory mode {self.mode!r}; use one of {', '.join(MODES)}")
         if self.route_on not in ROUTE_ON:
             raise InputError(f"route on 'message' or 'conversation', not {self.route_on!r}")
-        if self.max_new_tokens < 1:
-            raise InputError("--max-new-tokens must be at least 1")
+        check_new_tokens(self.max_new_tokens)
         return self
 
 
@@ -128,7 +127,7 @@ class Chat:
     ) -> Turn:  # fmt: skip
         """Answer `message` after `history` (default: this chat's), streaming text pieces to `on_text`.
         The turn joins this chat's history unless another history was given (comparisons)."""
-        if not message.strip():
+        if not check_text(message, "the message").strip():
             raise InputError("the message is empty")
         st = (settings or self.settings).check()
         remember = history is None

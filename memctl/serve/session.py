@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.errors import BankStateError, InputError
+from ..core.errors import BankStateError, InputError, check_new_tokens, check_text
 from ..core.placement import CPU, Placement, placement
 from ..core.relevance import gate
 from ..model.anchor import Anchor, greedy, has_chat_template, load_anchor
@@ -188,8 +188,9 @@ def ask(
     anchor_mix: float | None = None,
     relevance_ramp: float | None = None,
 ) -> dict[str, Any]:
-    if not prompt.strip():
+    if not check_text(prompt, "the prompt").strip():
         raise InputError("the prompt is empty")
+    check_new_tokens(max_new_tokens)
     place = placement(device, dtype)
     with BankSession(
         name,

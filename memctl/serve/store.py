@@ -30,6 +30,7 @@ from ..registry import Registry, block_id
 from ..registry.access import reachable_blocks
 
 DEFAULT_CACHE_MB = 512
+MAX_CACHE_MB = 1 << 20  # 1 TB: a larger --cache-mb is a typo
 PATH_PACKS = 4  # int8 serving: packs of the most recently fetched paths kept
 READERS = 2  # block files read at once on a cold fetch (sha256 and the copy release the GIL)
 Key = tuple[int, int]  # (level, node); level 0 is the generic memory
