@@ -156,7 +156,7 @@ def test_undecodable_text_unbounded_values_and_unwritable_places_are_one_line(
     probes = tmp_path / "p.jsonl"
     probes.write_text('{"doc": "x", "kind": "k", "prompt": "Iron is", "answers": ["metal"]}\n')
     for args, message in (
-        (["ask", bad, "--bank", "b"], "the prompt is not valid UTF-8 text (byte b'\\xe9' at character 3)"),
+        (["ask", bad, "--bank", "b"], "the prompt is not valid UTF-8 text (byte 0xE9 after 'caf')"),
         (["ask", "Iron", "--bank", "b", "--max-new-tokens", "100000000"], "--max-new-tokens must be between 1 and 4,"),
         (["ask", "Iron", "--bank", "b", "--relevance-ramp", "inf"], "--relevance-ramp is a multiple"),
         (["ask", "Iron", "--bank", "b", "--cache-mb", "nan"], "--cache-mb is the block cache's size"),
@@ -185,6 +185,16 @@ def test_undecodable_text_unbounded_values_and_unwritable_places_are_one_line(
     res = runner.invoke(app, chat, input=b"caf\xe9 au lait\nIron is\n")
     assert res.exit_code == 0 and "Traceback" not in res.output, res.output
     assert "the message is not valid UTF-8 text" in res.stderr and seen == [bad, "Iron is"]
+    assert res.stderr.count("error:") == 1 and res.stderr.count("first token") == 1  # the second line's turn
+    seen.clear()
+    res = runner.invoke(app, [*chat, "--json"], input=b"caf\xe9 au lait\nIron is\n")
+    rows = [json.loads(ln) for ln in res.stdout.splitlines()]
+    assert res.exit_code == 0 and len(rows) == 2 and seen == [bad, "Iron is"], res.output
+    assert "not valid UTF-8" in rows[0]["error"] and "reply" in rows[1]
+    bad_probe = tmp_path / "bad.jsonl"
+    bad_probe.write_text(probes.read_text() + '{"prompt": "caf\\udce9 is", "answers": ["x"]}\n')
+    line = one_error_line(invoke("eval", "--bank", "b", "--probes", str(bad_probe)))
+    assert "bad.jsonl:2: the probe is not valid UTF-8 text (byte 0xE9 after 'caf')" in line
 
     # a report or an archive in a place that cannot be written: refused before any work
     import memctl.eval.evaluate

@@ -160,6 +160,12 @@ def test_doctor_names_a_lost_table_or_column(home: Path, corpus: Path, tiny_anch
     assert "memctl import ARCHIVE --bank b" in (found[0].fix or "")
     res = invoke("doctor", "--bank", "b")
     assert res.exit_code != 0 and "table documents" in res.output and "Traceback" not in res.output
+    conn = sqlite3.connect(db)
+    conn.execute("drop table banks")
+    conn.commit()
+    conn.close()
+    (found,) = [f for f in doctor("b", home).findings if f.problem]
+    assert "has lost table banks, table documents, column prompts.answer" in found.message
 
 
 # ---- the writer lock ----------------------------------------------------------------------------------

@@ -166,14 +166,17 @@ def chat(
 
 
 def _stdin_lines() -> Iterator[str]:
-    """stdin's lines, decoded here: bytes that are not UTF-8 come through as lone surrogates (Python's
-    surrogateescape, whatever the locale), so the turn refuses that one line and the chat goes on."""
+    """stdin's lines, decoded here in its own encoding: bytes that do not decode come through as lone
+    surrogates (Python's surrogateescape), so the turn refuses that one line and the chat goes on."""
+    if sys.stdin is None:
+        return
     buffer = getattr(sys.stdin, "buffer", None)
     if buffer is None:  # a text stream without bytes underneath (tests)
         yield from sys.stdin
         return
+    encoding = getattr(sys.stdin, "encoding", None) or "utf-8"
     for raw in buffer:
-        yield raw.decode("utf-8", "surrogateescape")
+        yield raw.decode(encoding, "surrogateescape")
 
 
 def _plain_chat(c: Any) -> None:

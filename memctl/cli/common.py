@@ -190,7 +190,7 @@ def print_json(data: Any, default: Callable[[Any], Any] | None = None) -> None:
 
 def _json_error(e: BaseException | None, code: int) -> None:
     """Under --json, a failing command prints one JSON object on stdout (its one error line stays on stderr)."""
-    if e is None:
+    if e is None or isinstance(e, KeyboardInterrupt):
         message, kind = "interrupted" if code == 130 else f"exit {code}", "Exit"
     else:
         first = (str(e).strip().splitlines() or [""])[0]

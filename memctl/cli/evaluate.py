@@ -136,13 +136,6 @@ def eval_cmd(
         if report is not None and report.exists() and not report.is_dir():
             raise InputError(f"--report {report}: exists and is not a directory")
         ps = sample_probes(load_probes(readable(probes, "--probes")), limit, seed) if probes is not None else []
-        if report is not None:  # made now, so that an eval is never run for a report it cannot write
-            try:
-                report.mkdir(parents=True, exist_ok=True)
-                probe = tempfile.NamedTemporaryFile(dir=report, prefix=".memctl-", delete=True)
-                probe.close()
-            except OSError as e:
-                raise InputError(f"--report {report}: cannot write there ({e.strerror or type(e).__name__})") from None
         tags = parse_tags(allow) if allow is not None else None
         params = {"probes": str(probes) if probes else None, "limit": limit, "seed": seed,
                   "allow": sorted(tags) if tags is not None else None}  # fmt: skip
@@ -156,6 +149,13 @@ def eval_cmd(
             relevance_ramp=relevance_ramp,
         )  # fmt: skip
         with session, stage_progress(not as_json) as progress:
+            if report is not None:  # made once every option has passed: an eval never runs for a report it cannot write
+                try:
+                    report.mkdir(parents=True, exist_ok=True)
+                    tempfile.NamedTemporaryFile(dir=report, prefix=".memctl-").close()
+                except OSError as e:
+                    why = e.strerror or type(e).__name__
+                    raise InputError(f"--report {report}: cannot write there ({why})") from None
             res = run_eval(session, ps, opts, probes_path=probes, perplexity=perplexity, params=params,
                            fresh=fresh, progress=progress)  # fmt: skip
         res["probes"] = str(probes or "")

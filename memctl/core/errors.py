@@ -48,8 +48,8 @@ def check_text(text: str, what: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        bad = text[e.start].encode("utf-8", "surrogateescape")
-        raise InputError(
-            f"{what} is not valid UTF-8 text (byte {bad!r} at character {e.start}); give it in UTF-8"
-        ) from None
+        ch = text[e.start]
+        bad = f"byte 0x{ord(ch) - 0xDC00:02X}" if "\udc80" <= ch <= "\udcff" else f"U+{ord(ch):04X}"
+        before = text[: e.start][-20:]
+        raise InputError(f"{what} is not valid UTF-8 text ({bad} after {before!r}); give it in UTF-8") from None
     return text

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, check_text
 
 PROBE_TOKENS = 8  # a probe is correct when an answer appears in this many greedy new tokens
 
@@ -56,6 +56,11 @@ def load_probes(path: str | Path) -> list[Probe]:
             for key in ("doc", "kind"):
                 if key in d and not isinstance(d[key], str | int):
                     raise ValueError(f"'{key}' must be a string")
+            for text in (d["prompt"], *answers, *(str(d.get(k, "")) for k in ("doc", "kind"))):
+                try:  # a JSON escape like "\udce9" decodes to a lone surrogate, which no tokenizer takes
+                    check_text(text, "the probe")
+                except InputError as e:
+                    raise ValueError(str(e)) from None
             probes.append(Probe(str(d.get("doc", "")), str(d.get("kind", "probe")), d["prompt"], tuple(answers)))
         except KeyError as e:
             raise InputError(f"{path}:{n}: missing key {e.args[0]!r}") from None

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from ..core.config import MAX_NODES
 from ..core.errors import InputError, MemctlError
 from ..core.probes import PROBE_TOKENS, Probe
 
@@ -17,7 +16,7 @@ SETUPS = ("anchor", "generic", "fetched", "rag", "rag+fetched", "oracle-rag", "f
 PPL_SETUPS = {"anchor": "none", "generic": "generic", "fetched": "fetched"}  # setups perplexity applies to
 BLOCKING = ("reroute", "withhold")
 MAX_ANSWER_TOKENS = 256
-MAX_BEAM = MAX_NODES  # leaves: no tree has more
+MAX_BEAM = 1024  # leaves fetched per probe: past this a beam is the whole bank of any tree memctl sizes
 PPL_CHUNK = 512  # tokens per perplexity chunk at most (also capped by the bank's window)
 
 

@@ -253,7 +253,6 @@ def _registry_ok(doc: _Doctor, bank_dir: Path) -> bool:
         doc.count("registry checked")
         try:
             version = conn.execute("select max(version) from schema_migrations").fetchone()[0]
-            banks = conn.execute("select count(*) from banks").fetchone()[0]
         except sqlite3.DatabaseError as e:
             doc.add("schema", f"{db} is not a memctl registry ({e})", fix=rebuild)
             return False
@@ -268,6 +267,7 @@ def _registry_ok(doc: _Doctor, bank_dir: Path) -> bool:
         if lost:
             doc.add("schema", f"{db} has lost {lost} of its schema (version {version})", fix=rebuild)
             return False
+        banks = conn.execute("select count(*) from banks").fetchone()[0]
         if version < len(MIGRATIONS):
             f = doc.add("schema", f"schema version {version}, this memctl's is {len(MIGRATIONS)}", problem=False)
             f.message += ": the next command that opens the bank migrates it"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..core.config import BankConfig, MemoryConfig
-from ..core.errors import AnchorError, BankStateError, InputError, IntegrityError
+from ..core.errors import AnchorError, BankStateError, InputError, IntegrityError, check_text
 from ..model.anchor import fingerprint, resolve_anchor
 from ..model.memory import PARTS
 from ..registry import Registry, check_name, memctl_home, now
@@ -77,14 +77,15 @@ def export_bank(
         raise InputError(f"directory {out.parent} does not exist; create it first")
     if allow is not None and not allow:
         raise InputError("--allow needs at least one tag")
+    check_text(str(out), "the archive's path")  # it goes to the privacy log, after the archive is written
     reg = Registry.open(name, home)
     sweep_export_leftovers(reg.path, out)
     part = out.with_name(f".{out.name}.part{os.getpid()}")
     try:
-        fd, named = archive_file(out.parent, part)
-    except OSError as e:
-        raise InputError(f"cannot write in {out.parent}: {e.strerror or type(e).__name__}") from None
-    try:
+        try:
+            fd, named = archive_file(out.parent, part)
+        except OSError as e:
+            raise InputError(f"cannot write in {out.parent}: {e.strerror or type(e).__name__}") from None
         try:
             manifest, documents = _snapshot(reg, allow, fd)
             if not named:  # give the unnamed file a name only now that it is whole

@@ -243,14 +243,16 @@ def lost_schema(conn: sqlite3.Connection, version: int) -> str:
     prompts.kind"), or "": a registry whose table was dropped would otherwise fail every command."""
     want = sqlite_utils.Database(memory=True)
     want["schema_migrations"].create({"version": int, "applied": str}, pk="version")
-    for step in MIGRATIONS[:version]:
+    for step in MIGRATIONS[:version]:  # doctor replays them: an applied migration must never change
         step(want)
+    expected = {t: [c.name for c in want[t].columns] for t in want.table_names()}
+    want.close()
     have = {t: {c[1] for c in conn.execute(f'PRAGMA table_info("{t}")')} for (t,) in
             conn.execute("select name from sqlite_master where type = 'table'")}  # fmt: skip
     lost = []
-    for table in want.table_names():
+    for table, columns in expected.items():
         if table not in have:
             lost.append(f"table {table}")
         else:
-            lost += [f"column {table}.{c.name}" for c in want[table].columns if c.name not in have[table]]
+            lost += [f"column {table}.{c}" for c in columns if c not in have[table]]
     return ", ".join(lost)
