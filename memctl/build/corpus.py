@@ -164,12 +164,12 @@ def _load_table(path: Path) -> Any:
     verbosity = datasets.logging.get_verbosity()
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # a malformed file is our one-line error, not its log
     try:
-        return _read_table(datasets, path)
+        return _dataset_of(datasets, path)
     finally:
         datasets.logging.set_verbosity(verbosity)
 
 
-def _read_table(datasets: Any, path: Path) -> Any:
+def _dataset_of(datasets: Any, path: Path) -> Any:
     suffix = path.suffix.lower()
     data = _check_bytes(path, textual=suffix != ".parquet")
     kind = {".json": "json", ".csv": "csv", ".parquet": "parquet"}[suffix]
