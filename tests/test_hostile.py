@@ -166,6 +166,12 @@ def test_undecodable_text_unbounded_values_and_unwritable_places_are_one_line(
         (["block", "--bank", "b", "--query", bad, "--fraction", "0.5"], "--query is not valid UTF-8 text"),
         (["train", "--bank", "b", "--preserve-pool", str(10**20)], "--preserve-pool must be between 1 and 65,536"),
         (["eval", "--bank", "b", "--probes", str(probes), "--beam", str(10**20)], "--beam must be between 1 and"),
+        # an empty --allow (an empty shell variable) reached no block and answered with the anchor alone
+        (["ask", "Iron", "--bank", "b", "--allow", ","], "--allow needs at least one tag"),
+        (["chat", "--bank", "b", "--plain", "--allow", ""], "--allow needs at least one tag"),
+        (["eval", "--bank", "b", "--probes", str(probes), "--allow", " , "], "--allow needs at least one tag"),
+        (["info", "--bank", "b", "--allow", ""], "--allow needs at least one tag"),
+        (["export", "--bank", "b", str(tmp_path / "x.memctl"), "--allow", ","], "--allow needs at least one tag"),
     ):
         assert message in one_error_line(invoke(*args)), args
     assert tree_digest(home / "banks" / "b") == before

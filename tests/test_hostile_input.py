@@ -139,6 +139,8 @@ def test_a_broken_jsonl_line_is_named(tmp_path: Path, rows: list[str], at: int, 
         ("space.txt", " \n\t\n  ", r"space\.txt is empty"),
         ("empty.md", "", r"empty\.md is empty"),
         ("UPPER.JSONL", '{"text": "fine"}\n', None),
+        # JSON's escapes can spell a lone surrogate, which no tokenizer or SQLite column takes
+        ("esc.jsonl", '{"text": "caf\\udce9 au lait"}\n', r"esc\.jsonl line 1: 'text' is not valid UTF-8"),
     ],
 )
 def test_bad_rows_are_named(tmp_path: Path, name: str, content: str, message: str | None) -> None:
@@ -149,6 +151,41 @@ def test_bad_rows_are_named(tmp_path: Path, name: str, content: str, message: st
         return
     with pytest.raises(InputError, match=message):
         read_documents([path])
+
+
+def test_hidden_entries_of_a_directory_are_left_out(tmp_path: Path) -> None:
+    d = tmp_path / "notes"
+    (d / ".git").mkdir(parents=True)
+    (d / ".git" / "description.txt").write_text("Unnamed repository; edit this file")
+    (d / ".obsidian").mkdir()
+    (d / ".obsidian" / "app.json").write_text('{"text": "editor settings"}')
+    (d / ".draft.md").write_text("an editor's swap copy")
+    (d / "sub").mkdir()
+    (d / "sub" / "kept.md").write_text("Corvale lies on the Ister.")
+    (d / "a.txt").write_text("Mira Tovel founded Corvale.")
+    assert [x.id for x in read_documents([d])] == ["a.txt", "sub/kept.md"]
+    assert [x.id for x in read_documents([d / ".draft.md"])] == [".draft.md"]  # named: read
+    hidden_root = tmp_path / ".private"
+    hidden_root.mkdir()
+    (hidden_root / "x.txt").write_text("A root that is itself hidden is read.")
+    assert [x.id for x in read_documents([hidden_root])] == ["x.txt"]
+
+
+def test_a_file_name_that_is_not_utf8_is_one_line_and_nothing_is_written(tmp_path: Path) -> None:
+    d = tmp_path / "docs"
+    d.mkdir()
+    (d / "ok.txt").write_text("Mira Tovel founded Corvale.")
+    bad = os.fsdecode(bytes(d) + b"/caf\xe9.txt")  # how a latin-1 byte in a name reaches Python
+    with open(os.fsencode(bad), "w") as f:
+        f.write("Cafe Lumina opened in 1990.")
+    with pytest.raises(InputError, match=r"a file's name is not valid UTF-8 text \(byte 0xE9 after '.*/caf'\); rename"):
+        read_documents([d])
+    with pytest.raises(InputError, match=r"a path is not valid UTF-8 text \(byte 0xE9 after '.*/caf'\); rename it"):
+        read_documents([bad])
+    home = tmp_path / "home"
+    with pytest.raises(InputError, match="not valid UTF-8"):
+        ingest("b", [d], anchor="unused", embedder="hash", home=home)
+    assert not (home / "banks" / "b").exists()
 
 
 def test_links_missing_and_unreadable_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -58,3 +58,32 @@ def test_chat_shows_the_path_beside_the_conversation(home: Path, console: Regist
             session.close()
 
     asyncio.run(go())
+
+
+def test_an_error_in_the_app_is_one_line(
+    home: Path, console: Registry, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """An unhandled error inside the app ends it and reaches the command, which says it in one line; Textual
+    alone would print a traceback with locals."""
+    import typer
+
+    from memctl.cli.common import run
+    from memctl.tui.base import run_app
+
+    def broken(self: ChatApp) -> None:
+        raise RuntimeError("a bug in a handler")
+
+    monkeypatch.setattr(ChatApp, "on_mount", broken)
+    monkeypatch.delenv("MEMCTL_DEBUG", raising=False)
+    session = BankSession("v", home)
+    try:
+        app_ = ChatApp(Chat(session, ChatSettings(max_new_tokens=4)))
+        with pytest.raises(typer.Exit) as ended:
+            run(lambda: run_app(app_, headless=True))
+    finally:
+        session.close()
+    assert ended.value.exit_code == 3 and isinstance(app_.failure, RuntimeError)
+    out = capfd.readouterr()
+    assert "Traceback" not in out.out + out.err and "a bug in a handler" not in out.out
+    lines = [ln for ln in out.err.splitlines() if ln.strip()]
+    assert lines == ["internal error: RuntimeError: a bug in a handler (MEMCTL_DEBUG=1 shows the traceback)"]

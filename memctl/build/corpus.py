@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ..core.errors import InputError
+from ..core.errors import InputError, check_text
 from .windowing import Counter, Window, long_span, paragraphs, sha256_text, windows_of
 
 __all__ = ["Counter", "Document", "Window", "iter_documents", "iter_windows", "long_span", "paragraphs"]
@@ -227,6 +227,9 @@ def _row_document(
         raise InputError(f"{path}{where}: {text_field!r} is empty or not text")
     doc_id = str(row[id_field]) if id_field else f"{path.stem}:{row_no}"
     title = str(row["title"]) if row.get("title") else _title_of(text, doc_id)
+    # JSON's "\udce9" escapes decode to lone surrogates, which no tokenizer or SQLite column takes
+    for name, value in ((text_field, text), (id_field or "id", doc_id), ("title", title)):
+        check_text(value, f"{path}{where}: {name!r}", "write it in UTF-8")
     return Document(id=doc_id, text=text, source=str(path), title=title)
 
 
@@ -295,15 +298,19 @@ def _read_table(path: Path, text_field: str, id_field: str | None) -> Iterator[D
 
 def _walk(root: Path) -> list[Path]:
     """The readable files under `root` with a known suffix, sorted; symlinked directories are not followed
-    (as `rglob`); a broken or looping link, or a directory that cannot be listed, is an error."""
+    (as `rglob`); a broken or looping link, or a directory that cannot be listed, is an error. Hidden files
+    and directories below `root` (a name that starts with "."; `.git`, `.obsidian`, editors' backups) are
+    left out, as `ls` and `git` leave them; a hidden file named on the command line is read."""
 
     def fail(e: OSError) -> None:
         raise InputError(f"cannot read directory {e.filename}: {e.strerror}; make it readable or leave it out")
 
     found: list[Path] = []
     for top, dirs, names in os.walk(root, onerror=fail):
-        dirs.sort()
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(names):
+            if name.startswith("."):
+                continue
             p = Path(top) / name
             if p.suffix.lower() not in TEXT_SUFFIXES | TABLE_SUFFIXES:
                 continue
@@ -318,6 +325,7 @@ def _input_files(paths: Sequence[str | Path]) -> list[tuple[Path, Path | None]]:
     """(file, directory it was found under or None) for every input, checked before any is read."""
     files: list[tuple[Path, Path | None]] = []
     for raw in paths:
+        check_text(str(raw), "a path", "rename it")  # before any message names it
         path = Path(raw).expanduser()
         if not path.exists():
             if path.is_symlink():
@@ -332,6 +340,8 @@ def _input_files(paths: Sequence[str | Path]) -> list[tuple[Path, Path | None]]:
             files.append((path, None))
         else:
             raise InputError(f"{raw}: unsupported file type; use .txt, .md, .jsonl, .json, .csv or .parquet")
+    for f, _ in files:  # a name the file system could not decode would reach the registry as lone surrogates
+        check_text(str(f), "a file's name", "rename the file")
     return files
 
 

@@ -53,14 +53,14 @@ def ask(
     """Answer with the memory blocks the prompt routes to (only those are read). A prompt unrelated
     to the bank (below its relevance floor) fetches none and, with --rag, retrieves nothing: the
     anchor answers alone."""
-    from ..registry.access import parse_tags
+    from ..registry.access import allow_tags
     from ..serve.session import ask as do_ask
 
     def go() -> Any:
         if no_memory and generic:
             raise InputError("--no-memory and --generic exclude each other")
         mode = "none" if no_memory else "generic" if generic else "fetched"
-        tags = parse_tags(allow) if allow is not None else None
+        tags = allow_tags(allow)
         return do_ask(
             bank, prompt, mode=mode, max_new_tokens=max_new_tokens, chat=chat, allow=tags, cache_mb=cache_mb, rag=rag,
             int8=int8, device=device, dtype=dtype, min_relevance=min_relevance, anchor_mix=anchor_mix,
@@ -135,7 +135,7 @@ def chat(
     same lines and writes one JSON object per line: a turn (reply, path, labels, blocks, timings),
     the settings after a / command, the turns of /compare, or {"error": ...}."""
     from ..core.placement import placement
-    from ..registry.access import parse_tags
+    from ..registry.access import allow_tags
     from ..serve.chat import Chat, ChatSettings
     from ..serve.session import BankSession
 
@@ -143,7 +143,7 @@ def chat(
         settings = ChatSettings(mode=mode, rag=rag, route_on=route_on, max_new_tokens=max_new_tokens).check()
         if not (plain or as_json) and not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise InputError("the chat app needs a terminal; use --plain for pipes and scripts")
-        tags = parse_tags(allow) if allow is not None else None
+        tags = allow_tags(allow)
         place = placement(device, dtype)
         session = BankSession(
             bank, allow=tags, cache_mb=cache_mb, int8=int8, place=place, min_relevance=min_relevance,
@@ -160,7 +160,7 @@ def chat(
         else:
             from ..tui.chat import run_chat
 
-            run_chat(session_chat)
+            run(lambda: run_chat(session_chat))  # an error in the app: one line once the screen is restored
     finally:
         session_chat.session.close()
 

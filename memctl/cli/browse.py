@@ -32,6 +32,6 @@ def browse(bank: BankOpt, as_json: JsonOpt = False) -> None:
     try:
         from ..tui.browse import run_browse
 
-        run_browse(view)
+        run(lambda: run_browse(view))  # an error in the app: one line once the screen is restored
     finally:
         view.close()

@@ -30,7 +30,13 @@ from .common import (
 
 @app.command()
 def ingest(
-    paths: Annotated[list[str], typer.Argument(help="Directories of .txt/.md, or .jsonl/.json/.csv/.parquet files.")],
+    paths: Annotated[
+        list[str],
+        typer.Argument(
+            help="Directories of .txt/.md, or .jsonl/.json/.csv/.parquet files (hidden files and folders in a "
+            "directory are left out)."
+        ),
+    ],
     bank: BankOpt,
     text_field: Annotated[str, typer.Option(help="Text column of table files.")] = "text",
     id_field: Annotated[str | None, typer.Option(help="Id column of table files (default: file:row).")] = None,

@@ -20,9 +20,9 @@ def info(
 ) -> None:
     """Tree, fetched and bank sizes, blocks per level, access, anchor and training state."""
     from ..ops.info import info as do_info
-    from ..registry.access import parse_tags
+    from ..registry.access import allow_tags
 
-    d = run(lambda: do_info(bank, allow=parse_tags(allow) if allow is not None else None))
+    d = run(lambda: do_info(bank, allow=allow_tags(allow)))
     if as_json:
         print_json(d)
         return

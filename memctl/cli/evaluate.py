@@ -111,7 +111,7 @@ def eval_cmd(
     from ..core.probes import load_probes, sample_probes
     from ..eval.evaluate import run_eval
     from ..eval.options import SETUPS, EvalOptions
-    from ..registry.access import parse_tags
+    from ..registry.access import allow_tags
     from ..serve.session import BankSession
 
     if history:
@@ -136,7 +136,7 @@ def eval_cmd(
         if report is not None and report.exists() and not report.is_dir():
             raise InputError(f"--report {report}: exists and is not a directory")
         ps = sample_probes(load_probes(readable(probes, "--probes")), limit, seed) if probes is not None else []
-        tags = parse_tags(allow) if allow is not None else None
+        tags = allow_tags(allow)
         params = {"probes": str(probes) if probes else None, "limit": limit, "seed": seed,
                   "allow": sorted(tags) if tags is not None else None}  # fmt: skip
         if int8:

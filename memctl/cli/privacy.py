@@ -337,11 +337,11 @@ def export_cmd(
 ) -> None:
     """Write a bank to one archive, whole or restricted to what some tags can reach."""
     from ..ops.transfer import export_bank
-    from ..registry.access import parse_tags
+    from ..registry.access import allow_tags
     from ..registry.lock import bank_lock
 
     def go() -> Any:
-        tags = parse_tags(allow) if allow is not None else None
+        tags = allow_tags(allow)
         with bank_lock(bank):  # it logs the export, and no sweep may remove a file it is copying
             return export_bank(bank, file, allow=tags, overwrite=overwrite)
 

@@ -42,14 +42,14 @@ def check_new_tokens(n: int) -> int:
     return n
 
 
-def check_text(text: str, what: str) -> str:
-    """`text` as given, or InputError when it is not valid UTF-8: bytes the terminal or a pipe could not
-    decode reach Python as lone surrogates, which no tokenizer or SQLite column takes."""
+def check_text(text: str, what: str, fix: str = "give it in UTF-8") -> str:
+    """`text` as given, or InputError when it is not valid UTF-8: bytes the terminal, a pipe or a file
+    system could not decode reach Python as lone surrogates, which no tokenizer or SQLite column takes."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         ch = text[e.start]
         bad = f"byte 0x{ord(ch) - 0xDC00:02X}" if "\udc80" <= ch <= "\udcff" else f"U+{ord(ch):04X}"
         before = text[: e.start][-20:]
-        raise InputError(f"{what} is not valid UTF-8 text ({bad} after {before!r}); give it in UTF-8") from None
+        raise InputError(f"{what} is not valid UTF-8 text ({bad} after {before!r}); {fix}") from None
     return text

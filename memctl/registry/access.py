@@ -26,6 +26,17 @@ def parse_tags(text: str | Iterable[str] | None) -> frozenset[str]:
     return frozenset(tags)
 
 
+def allow_tags(text: str | None) -> frozenset[str] | None:
+    """An --allow option: None when not given; the tags when given. An empty value ("", ",") is refused:
+    it reaches no block at all, which is almost always an empty shell variable, not a wish."""
+    if text is None:
+        return None
+    tags = parse_tags(text)
+    if not tags:
+        raise InputError("--allow needs at least one tag (leave the option out to allow everything)")
+    return tags
+
+
 def join_tags(tags: Iterable[str]) -> str:
     return ",".join(sorted(set(tags)))
 

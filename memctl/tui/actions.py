@@ -8,17 +8,17 @@ from typing import Any
 
 from rich.markup import escape
 from textual import work
-from textual.app import App
 from textual.widgets import Static
 
 from ..core.errors import MemctlError
 from ..ops.browse import AskResult, BankView
+from .base import MemctlApp
 from .widgets import AnswerScreen, AskScreen, ConfirmScreen, TaskBar, duration, fit
 
 Key = tuple[int, int]
 
 
-class BrowseActions(App[None]):
+class BrowseActions(MemctlApp):
     """Block/unblock a node (`b`) or a document (`d`), ask through a node's path (`a`), forget a
     document (`f`). The app (memctl.tui.browse.BrowseApp) provides the state and the views below."""
 

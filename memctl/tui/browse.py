@@ -25,6 +25,7 @@ from textual.widgets.tree import TreeNode
 from ..core.errors import MemctlError
 from ..ops.browse import BankView, Hop, NodeInfo, RouteView
 from .actions import BrowseActions
+from .base import run_app
 from .overview import Overview, human_bytes
 from .widgets import HelpScreen, PathView, TaskBar, fit
 
@@ -363,4 +364,4 @@ class BrowseApp(BrowseActions):
 
 
 def run_browse(view: BankView) -> None:
-    BrowseApp(view).run()
+    run_app(BrowseApp(view))

@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.markup import escape
 from textual import work
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Footer, Header, Input, Static
@@ -22,6 +22,7 @@ from textual.widgets import Footer, Header, Input, Static
 from ..core.errors import MemctlError
 from ..ops.browse import RouteView, route_view
 from ..serve.chat import Chat, ChatSettings, Turn, describe
+from .base import MemctlApp, run_app
 from .widgets import HelpScreen, PathView
 
 MODE_NAMES = {"fetched": "fetched memories", "generic": "generic memory", "none": "anchor alone"}
@@ -57,7 +58,7 @@ def served(turn: Turn) -> str:
     return note + (f"; [b red]withheld[/b red] {', '.join(turn.withheld)}" if turn.withheld else "")
 
 
-class ChatApp(App[None]):
+class ChatApp(MemctlApp):
     TITLE = "memctl chat"
     CSS_PATH = "memctl.tcss"
     ENABLE_COMMAND_PALETTE = False
@@ -207,7 +208,7 @@ class ChatApp(App[None]):
 
 
 def run_chat(chat: Chat) -> None:
-    ChatApp(chat).run()
+    run_app(ChatApp(chat))
 
 
 __all__ = ["ChatApp", "ChatSettings", "run_chat"]
