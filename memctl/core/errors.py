@@ -32,16 +32,6 @@ class IntegrityError(MemctlError):
     """A block file is missing or its checksum does not match the registry."""
 
 
-MAX_NEW_TOKENS = 4096  # a longer answer outruns a small anchor's context: a larger --max-new-tokens is a typo
-
-
-def check_new_tokens(n: int) -> int:
-    """`--max-new-tokens` of ask and chat: 1 to MAX_NEW_TOKENS."""
-    if not 1 <= n <= MAX_NEW_TOKENS:
-        raise InputError(f"--max-new-tokens must be between 1 and {MAX_NEW_TOKENS:,}, got {n}")
-    return n
-
-
 def check_text(text: str, what: str, fix: str = "give it in UTF-8") -> str:
     """`text` as given, or InputError when it is not valid UTF-8: bytes the terminal, a pipe or a file
     system could not decode reach Python as lone surrogates, which no tokenizer or SQLite column takes."""

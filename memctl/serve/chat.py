@@ -18,12 +18,12 @@ import torch
 from transformers import TextStreamer
 
 from ..build.labels import LABEL_TITLES, node_label
-from ..core.errors import InputError, check_new_tokens, check_text
+from ..core.errors import InputError, check_text
 from ..model.anchor import generate, has_chat_template
 from ..registry import block_id
 from .api import MODES
 from .rag import with_context
-from .session import BankSession
+from .session import BankSession, check_new_tokens
 
 ROUTE_ON = ("message", "conversation")
 

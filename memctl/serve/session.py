@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.errors import BankStateError, InputError, check_new_tokens, check_text
+from ..core.errors import BankStateError, InputError, check_text
 from ..core.placement import CPU, Placement, placement
 from ..core.relevance import gate
 from ..model.anchor import Anchor, greedy, has_chat_template, load_anchor
@@ -19,6 +19,15 @@ from ..registry import block_id
 from .api import Memories
 from .rag import Retrieved, with_context
 from .store import DEFAULT_CACHE_MB
+
+MAX_NEW_TOKENS = 4096  # a longer answer outruns a small anchor's context: a larger --max-new-tokens is a typo
+
+
+def check_new_tokens(n: int) -> int:
+    """`--max-new-tokens` of ask and chat: 1 to MAX_NEW_TOKENS."""
+    if not 1 <= n <= MAX_NEW_TOKENS:
+        raise InputError(f"--max-new-tokens must be between 1 and {MAX_NEW_TOKENS:,}, got {n}")
+    return n
 
 
 @dataclass
