@@ -169,6 +169,13 @@ def test_hidden_entries_of_a_directory_are_left_out(tmp_path: Path) -> None:
     hidden_root.mkdir()
     (hidden_root / "x.txt").write_text("A root that is itself hidden is read.")
     assert [x.id for x in read_documents([hidden_root])] == ["x.txt"]
+    hidden = tmp_path / "only-hidden"
+    (hidden / ".cache").mkdir(parents=True)
+    (hidden / ".notes.md").write_text("left out")
+    with pytest.raises(
+        InputError, match=r"no \.txt/.* files in this directory \(2 hidden file\(s\) or folder\(s\) left out\)"
+    ):
+        read_documents([hidden])
 
 
 def test_a_file_name_that_is_not_utf8_is_one_line_and_nothing_is_written(tmp_path: Path) -> None:
@@ -176,16 +183,27 @@ def test_a_file_name_that_is_not_utf8_is_one_line_and_nothing_is_written(tmp_pat
     d.mkdir()
     (d / "ok.txt").write_text("Mira Tovel founded Corvale.")
     bad = os.fsdecode(bytes(d) + b"/caf\xe9.txt")  # how a latin-1 byte in a name reaches Python
-    with open(os.fsencode(bad), "w") as f:
-        f.write("Cafe Lumina opened in 1990.")
-    with pytest.raises(InputError, match=r"a file's name is not valid UTF-8 text \(byte 0xE9 after '.*/caf'\); rename"):
+    try:
+        with open(os.fsencode(bad), "w") as f:
+            f.write("Cafe Lumina opened in 1990.")
+    except OSError:  # a file system that takes only UTF-8 names (APFS): nothing to refuse
+        pytest.skip("this file system refuses names that are not UTF-8")
+    whole = re.escape(f"{d}/caf\\xe9.txt")  # the whole path, the byte shown as \xNN
+    with pytest.raises(
+        InputError, match=rf"^the file {whole} is not valid UTF-8 \(the bytes shown as \\xNN\); rename it$"
+    ):
         read_documents([d])
-    with pytest.raises(InputError, match=r"a path is not valid UTF-8 text \(byte 0xE9 after '.*/caf'\); rename it"):
+    with pytest.raises(InputError, match=rf"^the path {whole} is not valid UTF-8"):
         read_documents([bad])
     home = tmp_path / "home"
     with pytest.raises(InputError, match="not valid UTF-8"):
         ingest("b", [d], anchor="unused", embedder="hash", home=home)
     assert not (home / "banks" / "b").exists()
+    rows = tmp_path / "rows.jsonl"  # a JSON escape that spells a lone surrogate, in a row after a good one
+    rows.write_text('{"text": "Mira Tovel founded Corvale."}\n{"text": "caf\\udce9 au lait"}\n')
+    with pytest.raises(InputError, match=r"rows\.jsonl line 2: 'text' is not valid UTF-8"):
+        ingest("r", [rows], anchor="unused", embedder="hash", home=home)
+    assert not (home / "banks" / "r").exists()
 
 
 def test_links_missing_and_unreadable_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -320,3 +320,33 @@ def test_forget_a_document_shows_its_cost_then_forgets(
         assert any(s.startswith("retrain unit") for s in stages) and len(set(stages)) > 2  # progress was shown
 
     drive(home, scenario)
+
+
+def test_an_error_in_a_worker_is_its_own_line(
+    home: Path, console: Registry, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A bug in the live search's worker ends the app; the command names the error itself (Textual hands it
+    over wrapped in WorkerFailed), in one line and without a traceback."""
+    import typer
+
+    from memctl.cli.common import run
+    from memctl.tui.base import run_app
+
+    def broken(self: BankView, text: str) -> None:
+        raise KeyError("a bug in search")
+
+    def search_soon(self: BrowseApp) -> None:
+        self._search("Helium is a light gas")
+
+    monkeypatch.setattr(BankView, "search", broken)
+    monkeypatch.setattr(BrowseApp, "on_ready", search_soon, raising=False)
+    monkeypatch.delenv("MEMCTL_DEBUG", raising=False)
+    with BankView("v", home) as view:
+        app_ = BrowseApp(view)
+        with pytest.raises(typer.Exit) as ended:
+            run(lambda: run_app(app_, headless=True))
+    assert ended.value.exit_code == 3 and isinstance(app_.failure, KeyError)
+    out = capfd.readouterr()
+    assert "Traceback" not in out.out + out.err and "WorkerFailed" not in out.err
+    lines = [ln for ln in out.err.splitlines() if ln.strip()]
+    assert lines == ["internal error: KeyError: 'a bug in search' (MEMCTL_DEBUG=1 shows the traceback)"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ..core.errors import InputError, check_text
+from ..core.errors import InputError, check_path, check_text
 from .windowing import Counter, Window, long_span, paragraphs, sha256_text, windows_of
 
 __all__ = ["Counter", "Document", "Window", "iter_documents", "iter_windows", "long_span", "paragraphs"]
@@ -293,20 +293,23 @@ def _read_table(path: Path, text_field: str, id_field: str | None) -> Iterator[D
         if not isinstance(text, str) or not text.strip():
             where = _csv_line(path, row_no) if csv_file else f" row {row_no + 1}"
             raise InputError(f"{path}{where}: {text_field!r} is empty or not text")
-        yield _row_document(path, "", row, row_no, text_field, id_field)
+        yield _row_document(path, f" row {row_no + 1}", row, row_no, text_field, id_field)
 
 
-def _walk(root: Path) -> list[Path]:
+def _walk(root: Path, hidden: list[str] | None = None) -> list[Path]:
     """The readable files under `root` with a known suffix, sorted; symlinked directories are not followed
     (as `rglob`); a broken or looping link, or a directory that cannot be listed, is an error. Hidden files
     and directories below `root` (a name that starts with "."; `.git`, `.obsidian`, editors' backups) are
-    left out, as `ls` and `git` leave them; a hidden file named on the command line is read."""
+    left out, as `ls` and `git` leave them (their names are appended to `hidden`); a hidden file named on the
+    command line is read."""
 
     def fail(e: OSError) -> None:
         raise InputError(f"cannot read directory {e.filename}: {e.strerror}; make it readable or leave it out")
 
     found: list[Path] = []
     for top, dirs, names in os.walk(root, onerror=fail):
+        if hidden is not None:
+            hidden.extend(n for n in dirs + names if n.startswith("."))
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(names):
             if name.startswith("."):
@@ -325,23 +328,25 @@ def _input_files(paths: Sequence[str | Path]) -> list[tuple[Path, Path | None]]:
     """(file, directory it was found under or None) for every input, checked before any is read."""
     files: list[tuple[Path, Path | None]] = []
     for raw in paths:
-        check_text(str(raw), "a path", "rename it")  # before any message names it
+        check_path(raw, "the path")  # before any message names it
         path = Path(raw).expanduser()
         if not path.exists():
             if path.is_symlink():
                 raise InputError(f"{raw}: a broken symbolic link or a link loop; fix or remove it")
             raise InputError(f"{raw}: no such file or directory")
         if path.is_dir():
-            found = _walk(path)
+            hidden: list[str] = []
+            found = _walk(path, hidden)
             if not found:
-                raise InputError(f"{raw}: no .txt/.md/.jsonl/.json/.csv/.parquet files in this directory")
+                left = f" ({len(hidden)} hidden file(s) or folder(s) left out)" if hidden else ""
+                raise InputError(f"{raw}: no .txt/.md/.jsonl/.json/.csv/.parquet files in this directory{left}")
             files.extend((f, path) for f in found)
         elif path.suffix.lower() in TEXT_SUFFIXES | TABLE_SUFFIXES:
             files.append((path, None))
         else:
             raise InputError(f"{raw}: unsupported file type; use .txt, .md, .jsonl, .json, .csv or .parquet")
     for f, _ in files:  # a name the file system could not decode would reach the registry as lone surrogates
-        check_text(str(f), "a file's name", "rename the file")
+        check_path(f, "the file")
     return files
 
 

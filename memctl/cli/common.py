@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from typer._click.exceptions import ClickException
 from typer.core import TyperGroup
 
-from ..core.errors import InputError, MemctlError
+from ..core.errors import InputError, MemctlError, check_path
 from ..train.diverge import KIND_NAMES
 
 if TYPE_CHECKING:
@@ -201,6 +201,7 @@ def _json_error(e: BaseException | None, code: int) -> None:
 
 def readable(path: Path, what: str) -> Path:
     """`path` if it is a file this process can read, else an InputError naming it (probe files and the like)."""
+    check_path(path, what)  # its name goes to the registry (an eval run's parameters)
     if not path.is_file():
         raise InputError(f"{what} {path}: no such file")
     try:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ..core.errors import InputError
+from ..core.errors import InputError, check_path
 from ..core.probes import PROBE_TOKENS
 from ..eval.report import ci, gate_line, missed, pct, write_report
 from .common import (
@@ -133,6 +133,8 @@ def eval_cmd(
         opts.check()
         if perplexity is not None and not perplexity.exists():
             raise InputError(f"--perplexity {perplexity}: no such file or directory")
+        if report is not None:
+            check_path(report, "--report")
         if report is not None and report.exists() and not report.is_dir():
             raise InputError(f"--report {report}: exists and is not a directory")
         ps = sample_probes(load_probes(readable(probes, "--probes")), limit, seed) if probes is not None else []

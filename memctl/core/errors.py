@@ -3,6 +3,10 @@
 The CLI turns any MemctlError into one line on stderr and a non-zero exit.
 """
 
+from __future__ import annotations
+
+import os
+
 
 class MemctlError(Exception):
     """Base class: a problem the user can fix; `str(err)` is the one line to show."""
@@ -43,3 +47,22 @@ def check_text(text: str, what: str, fix: str = "give it in UTF-8") -> str:
         before = text[: e.start][-20:]
         raise InputError(f"{what} is not valid UTF-8 text ({bad} after {before!r}); {fix}") from None
     return text
+
+
+def check_path(path: str | os.PathLike[str], what: str) -> str:
+    """`path` as text, or InputError naming the whole path when it is not valid UTF-8: a name the file system
+    could not decode reaches Python as lone surrogates, which no SQLite column (a source, a log entry) takes.
+    The message shows each such byte as \\xNN, so the file can be found and renamed."""
+    text = os.fspath(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = text.encode("utf-8", "surrogateescape" if _escaped_only(text) else "backslashreplace")
+        named = shown.decode("utf-8", "backslashreplace")
+        raise InputError(f"{what} {named} is not valid UTF-8 (the bytes shown as \\xNN); rename it") from None
+    return text
+
+
+def _escaped_only(text: str) -> bool:
+    """Are the string's surrogates all the escapes of undecodable bytes (U+DC80..U+DCFF)?"""
+    return all("\udc80" <= ch <= "\udcff" for ch in text if "\ud800" <= ch <= "\udfff")

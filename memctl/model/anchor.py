@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.errors import AnchorError
+from ..core.errors import AnchorError, check_path
 from ..core.placement import CPU, Placement
 from .memory import Fetched, memory_delta
 from .mix import AnchorMix, Weights, mixes, with_anchor_rows
@@ -44,7 +44,7 @@ def resolve_anchor(spec: str | None) -> Path:
     if not spec or spec == "default":
         path = default_anchor_path()
     else:
-        path = Path(spec).expanduser().resolve()
+        path = Path(check_path(spec, "the anchor")).expanduser().resolve()  # the bank stores its path
     if path.is_file() and path.suffix == ".gguf":
         return path
     if path.is_dir() and (path / "config.json").is_file():

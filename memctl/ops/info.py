@@ -8,7 +8,7 @@ from typing import Any
 
 from ..core.errors import IntegrityError
 from ..registry import Registry, doctor_hint
-from ..registry.access import parse_tags, reach_by_level
+from ..registry.access import check_allow, parse_tags, reach_by_level
 from ..registry.checkpoints import LEGACY_GLOB, pending_checkpoints
 from ..train.coverage import coverage_report
 from ..train.reprompt import outdated_note, rules_state
@@ -17,6 +17,7 @@ from ..train.reprompt import outdated_note, rules_state
 def info(name: str, home: Path | None = None, allow: frozenset[str] | None = None) -> dict[str, Any]:
     """Everything `memctl info` shows, as plain data. With `allow` tags, also how many blocks per
     level a session with those tags can reach."""
+    check_allow(allow)
     reg = Registry.open(name, home)
     check = reg.db.execute("PRAGMA quick_check").fetchone()  # reads every page: a damaged one shows here
     if not check or check[0] != "ok":

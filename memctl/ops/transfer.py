@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..core.config import BankConfig, MemoryConfig
-from ..core.errors import AnchorError, BankStateError, InputError, IntegrityError, check_text
+from ..core.errors import AnchorError, BankStateError, InputError, IntegrityError, check_path, check_text
 from ..model.anchor import fingerprint, resolve_anchor
 from ..model.memory import PARTS
 from ..registry import Registry, check_name, memctl_home, now
-from ..registry.access import doc_tags, reachable_blocks
+from ..registry.access import check_allow, doc_tags, reachable_blocks
 from ..registry.blockfile import read_header
 from ..registry.lock import bank_lock, writer
 from ..registry.migrations import MIGRATIONS
@@ -75,8 +75,7 @@ def export_bank(
         raise InputError(f"{out} already exists; choose another file name or pass --overwrite")
     if not out.parent.is_dir():
         raise InputError(f"directory {out.parent} does not exist; create it first")
-    if allow is not None and not allow:
-        raise InputError("--allow needs at least one tag")
+    check_allow(allow)
     check_text(str(out), "the archive's path")  # it goes to the privacy log, after the archive is written
     reg = Registry.open(name, home)
     sweep_export_leftovers(reg.path, out)
@@ -234,6 +233,9 @@ def import_bank(
     """Check the archive in full, then add it as bank `name` (default: the exported bank's name).
     `anchor` is the local copy of the anchor the bank was built on, when its stored path is not here."""
     archive = Path(archive).expanduser()
+    check_path(archive, "the archive")  # it goes to the privacy log, after the bank is staged
+    if anchor is not None:
+        check_path(anchor, "--anchor")
     home = home or memctl_home()
     try:
         tar = tarfile.open(archive, mode="r:")

@@ -26,15 +26,17 @@ def parse_tags(text: str | Iterable[str] | None) -> frozenset[str]:
     return frozenset(tags)
 
 
+def check_allow(allow: frozenset[str] | None) -> frozenset[str] | None:
+    """Access tags as given (None: the owner, every block). An empty set is refused: it reaches no block at
+    all, which is almost always an empty shell variable, not a wish."""
+    if allow is not None and not allow:
+        raise InputError("--allow needs at least one tag (leave it out to allow everything)")
+    return allow
+
+
 def allow_tags(text: str | None) -> frozenset[str] | None:
-    """An --allow option: None when not given; the tags when given. An empty value ("", ",") is refused:
-    it reaches no block at all, which is almost always an empty shell variable, not a wish."""
-    if text is None:
-        return None
-    tags = parse_tags(text)
-    if not tags:
-        raise InputError("--allow needs at least one tag (leave the option out to allow everything)")
-    return tags
+    """An --allow option: None when not given, else its tags (`check_allow`)."""
+    return None if text is None else check_allow(parse_tags(text))
 
 
 def join_tags(tags: Iterable[str]) -> str:

@@ -37,6 +37,7 @@ from ..model.anchor import MemoryHandle, attach, decoder_layers
 from ..model.memory import Fetched
 from ..model.mix import DEFAULT_ANCHOR_MIX, check_mix
 from ..registry import Registry, memctl_home
+from ..registry.access import check_allow
 from .rag import Retriever
 from .store import DEFAULT_CACHE_MB, MAX_CACHE_MB, BlockStore
 
@@ -106,6 +107,7 @@ class Memories:
             raise InputError(f"--min-relevance is a cosine similarity floor in [0, 1] (0: off), got {min_relevance}")
         if anchor_mix is not None:
             check_mix(anchor_mix)
+        check_allow(allow)
         self.relevance_ramp = check_ramp(RELEVANCE_RAMP if relevance_ramp is None else relevance_ramp)
         self.home = home or memctl_home()
         self.reg = Registry.open(name, self.home)

@@ -3,18 +3,16 @@ which says it in one line as every command does (Textual itself prints a full tr
 
 from __future__ import annotations
 
-import os
-
 from textual.app import App
+from textual.worker import WorkerFailed
 
 
 class MemctlApp(App[None]):
     failure: Exception | None = None  # the first unhandled error, raised again by `run_app`
 
     def _handle_exception(self, error: Exception) -> None:  # Textual's hook for an unhandled error
-        if os.environ.get("MEMCTL_DEBUG"):  # the traceback, as MEMCTL_DEBUG gives it for every command
-            super()._handle_exception(error)
-            return
+        if isinstance(error, WorkerFailed) and isinstance(error.error, Exception):
+            error = error.error  # a worker's own error: a MemctlError keeps its line and exit code
         self._return_code = 1
         if self.failure is None:
             self.failure = error
@@ -24,7 +22,8 @@ class MemctlApp(App[None]):
 
 
 def run_app(app: MemctlApp, headless: bool = False) -> None:
-    """Run `app` in the terminal; its unhandled error, if any, is raised here once the screen is restored."""
+    """Run `app` in the terminal; its unhandled error, if any, is raised here once the screen is restored (the
+    command says it in one line; with MEMCTL_DEBUG=1, with its traceback)."""
     app.run(headless=headless)
     if app.failure is not None:
         raise app.failure
