@@ -172,9 +172,13 @@ def test_undecodable_text_unbounded_values_and_unwritable_places_are_one_line(
         (["eval", "--bank", "b", "--probes", str(probes), "--allow", " , "], "--allow needs at least one tag"),
         (["info", "--bank", "b", "--allow", ""], "--allow needs at least one tag"),
         (["export", "--bank", "b", str(tmp_path / "x.memctl"), "--allow", ","], "--allow needs at least one tag"),
+        # a file name the file system could not decode is named whole, before it reaches the registry
+        (["eval", "--bank", "b", "--probes", f"{tmp_path}/caf\udce9.jsonl"], "caf\\xe9.jsonl is not valid UTF-8"),
+        (["import", f"{tmp_path}/caf\udce9.memctl"], "the archive " + f"{tmp_path}/caf\\xe9.memctl is not valid UTF-8"),
+        (["ingest", str(corpus), "--bank", "c", "--anchor", "caf\udce9"], "the anchor caf\\xe9 is not valid UTF-8"),
     ):
         assert message in one_error_line(invoke(*args)), args
-    assert tree_digest(home / "banks" / "b") == before
+    assert tree_digest(home / "banks" / "b") == before and not (home / "banks" / "c").exists()
 
     # a chat line that is not UTF-8: one error line, and the chat answers the next line
     from memctl.serve.chat import Chat
