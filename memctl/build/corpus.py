@@ -229,7 +229,7 @@ def _row_document(
     title = str(row["title"]) if row.get("title") else _title_of(text, doc_id)
     # JSON's "\udce9" escapes decode to lone surrogates, which no tokenizer or SQLite column takes
     for name, value in ((text_field, text), (id_field or "id", doc_id), ("title", title)):
-        check_text(value, f"{path}{where}: {name!r}", "write it in UTF-8")
+        check_text(value, f"{path}{where}: {name!r}")
     return Document(id=doc_id, text=text, source=str(path), title=title)
 
 
@@ -340,13 +340,13 @@ def _input_files(paths: Sequence[str | Path]) -> list[tuple[Path, Path | None]]:
             if not found:
                 left = f" ({len(hidden)} hidden file(s) or folder(s) left out)" if hidden else ""
                 raise InputError(f"{raw}: no .txt/.md/.jsonl/.json/.csv/.parquet files in this directory{left}")
+            for f in found:  # a name the file system could not decode would reach the registry as lone surrogates
+                check_path(f, "the file")
             files.extend((f, path) for f in found)
         elif path.suffix.lower() in TEXT_SUFFIXES | TABLE_SUFFIXES:
             files.append((path, None))
         else:
             raise InputError(f"{raw}: unsupported file type; use .txt, .md, .jsonl, .json, .csv or .parquet")
-    for f, _ in files:  # a name the file system could not decode would reach the registry as lone surrogates
-        check_path(f, "the file")
     return files
 
 

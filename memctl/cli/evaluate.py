@@ -135,8 +135,8 @@ def eval_cmd(
             raise InputError(f"--perplexity {perplexity}: no such file or directory")
         if report is not None:
             check_path(report, "--report")
-        if report is not None and report.exists() and not report.is_dir():
-            raise InputError(f"--report {report}: exists and is not a directory")
+            if report.exists() and not report.is_dir():
+                raise InputError(f"--report {report}: exists and is not a directory")
         ps = sample_probes(load_probes(readable(probes, "--probes")), limit, seed) if probes is not None else []
         tags = allow_tags(allow)
         params = {"probes": str(probes) if probes else None, "limit": limit, "seed": seed,

@@ -36,7 +36,7 @@ class IntegrityError(MemctlError):
     """A block file is missing or its checksum does not match the registry."""
 
 
-def check_text(text: str, what: str, fix: str = "give it in UTF-8") -> str:
+def check_text(text: str, what: str) -> str:
     """`text` as given, or InputError when it is not valid UTF-8: bytes the terminal, a pipe or a file
     system could not decode reach Python as lone surrogates, which no tokenizer or SQLite column takes."""
     try:
@@ -45,7 +45,7 @@ def check_text(text: str, what: str, fix: str = "give it in UTF-8") -> str:
         ch = text[e.start]
         bad = f"byte 0x{ord(ch) - 0xDC00:02X}" if "\udc80" <= ch <= "\udcff" else f"U+{ord(ch):04X}"
         before = text[: e.start][-20:]
-        raise InputError(f"{what} is not valid UTF-8 text ({bad} after {before!r}); {fix}") from None
+        raise InputError(f"{what} is not valid UTF-8 text ({bad} after {before!r}); give it in UTF-8") from None
     return text
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..core.config import BankConfig, MemoryConfig
-from ..core.errors import AnchorError, BankStateError, InputError, IntegrityError, check_path, check_text
+from ..core.errors import AnchorError, BankStateError, InputError, IntegrityError, check_path
 from ..model.anchor import fingerprint, resolve_anchor
 from ..model.memory import PARTS
 from ..registry import Registry, check_name, memctl_home, now
@@ -76,7 +76,7 @@ def export_bank(
     if not out.parent.is_dir():
         raise InputError(f"directory {out.parent} does not exist; create it first")
     check_allow(allow)
-    check_text(str(out), "the archive's path")  # it goes to the privacy log, after the archive is written
+    check_path(out, "the archive")  # it goes to the privacy log, after the archive is written
     reg = Registry.open(name, home)
     sweep_export_leftovers(reg.path, out)
     part = out.with_name(f".{out.name}.part{os.getpid()}")
