@@ -78,6 +78,7 @@ CORPORA: dict[str, tuple[str, str, str, str]] = {
     "fictional": ("examples/fictional/build.py", "fictional.jsonl", "probes.jsonl", "probes-questions.jsonl"),
     "foldoc": ("examples/foldoc/build.py", "foldoc.jsonl", "probes.jsonl", "probes-questions.jsonl"),
     "registers": ("examples/fictional/build.py", "fictional.jsonl", "probes.jsonl", "probes-questions.jsonl"),
+    "incidents": ("examples/incidents/build.py", "incidents.jsonl", "probes.jsonl", "probes-questions.jsonl"),
 }
 REGISTER_SECTIONS = 12  # entity sections per register: about 1,200 anchor tokens, three windows
 MAIN_SETUPS = "anchor,oracle-rag,fetched,rag,rag+fetched"
@@ -87,7 +88,7 @@ MEMORYLESS = ("anchor", "oracle-rag", "rag")  # setups that fetch no memory
 QUESTION_ANSWER_TOKENS = 16
 # the question-form probes asked again as `memctl chat` asks them (`eval --chat`), where they are questions
 # (elements' are rephrased statements); an assistant's answer is a longer sentence
-CHAT_CORPORA = ("fictional", "foldoc", "registers")
+CHAT_CORPORA = ("fictional", "foldoc", "registers", "incidents")
 CHAT_SETUPS = "oracle-rag,fetched"
 CHAT_ANSWER_TOKENS = 32
 
