@@ -11,7 +11,10 @@ Corpora (each built by its example script; none of their probes is written by me
              examples/foldoc), with probes written by hand before any training;
 * registers: the fictional entities' sections gathered REGISTER_SECTIONS to a long document ("Vindrel
              chamber register, part 1"), several windows each: a document's title names none of the
-             facts' subjects, and a fact lives in one of its windows.
+             facts' subjects, and a fact lives in one of its windows;
+* incidents: a made-up company's outage reports in five styles (postmortem, ticket, timeline, review
+             minutes, e-mail; examples/incidents): the subjects are events, and the probes name them
+             by system and month ("the Harvion gateway outage in October 2022").
 
 Each corpus is ingested once, with its cloze prompts, their teacher cache and the preservation pool
 (the parts every variant shares; their seconds are reported apart). For each variant (a set of
@@ -19,7 +22,7 @@ Each corpus is ingested once, with its cloze prompts, their teacher cache and th
 questions, "study2echo4" is memctl's default, `--study 2 --echo 4`, ...) a copy of that bank
 is trained, then scored:
 anchor alone, open book (oracle-rag), fetched, rag and rag+fetched on the main probes, the same
-facts as questions (and, for fictional and foldoc, the questions asked in the anchor's chat template
+facts as questions (and, for fictional, foldoc and incidents, the questions asked in the anchor's chat template
 as `memctl chat` asks them: `eval --chat`), coverage, student tokens trained, wall time, and the perplexity of unrelated
 documents (Python docstrings) with the relevance gate on, over the whole set and over the documents
 that met trained memories (gate passed; in a subtree run, routed into it). Results go to DIR/corpora.json as each
@@ -30,8 +33,9 @@ windows lie in it: a quicker, noisier reading of the same comparison. Probes who
 outside the subtree meet untrained blocks and count as they come out, so the overall figure is a
 lower bound; each setup's accuracy on the probes routed into their document's leaf is kept too.
 
-    python benchmarks/corpora.py [--corpora elements,fictional,foldoc,registers] [--variants cloze,study2echo4]
-        [--subtree N] [--routing nearest|tree] [--memory-layers all|last:N] [--ranks R1,R2] [--window N]
+    python benchmarks/corpora.py [--corpora elements,fictional,foldoc,registers,incidents]
+        [--variants cloze,study2echo4] [--subtree N] [--routing nearest|tree] [--memory-layers all|last:N]
+        [--ranks R1,R2] [--window N]
         [--train-args "..."] [--eval-args "--anchor-mix 0.5"]
         [--entities 300] [--limit N] [--out demo-out/corpora] [--fresh] [--no-baseline]
 

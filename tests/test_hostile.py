@@ -105,6 +105,20 @@ def test_bad_ingest_options_are_one_line(
     assert not Registry.exists("b", home)
 
 
+def test_ingest_says_how_many_hidden_entries_it_left_out(home: Path, corpus: Path, tiny_anchor: Path) -> None:
+    (corpus / ".git").mkdir()
+    (corpus / ".git" / "notes.txt").write_text("Unnamed repository; edit this file")
+    (corpus / ".swap.md").write_text("an editor's copy")
+    args = ("--bank", "b", "--anchor", str(tiny_anchor), "--embedder", "hash", "--tree", "2,2")
+    res = invoke("ingest", str(corpus), *args)
+    assert res.exit_code == 0, res.output
+    assert "2 hidden file(s) or folder(s) left out" in " ".join(res.stdout.split())
+    reg = Registry.open("b", home)
+    ids = set(reg.doc_hashes())
+    reg.close()
+    assert ids and not [i for i in ids if i.startswith(".") or "/." in i]
+
+
 def test_bad_train_and_eval_values_are_one_line(
     home: Path, corpus: Path, tiny_anchor: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

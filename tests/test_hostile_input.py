@@ -164,7 +164,9 @@ def test_hidden_entries_of_a_directory_are_left_out(tmp_path: Path) -> None:
     (d / "sub" / "kept.md").write_text("Corvale lies on the Ister.")
     (d / "a.txt").write_text("Mira Tovel founded Corvale.")
     assert [x.id for x in read_documents([d])] == ["a.txt", "sub/kept.md"]
+    assert corpus.hidden_below([d]) == 3  # .git and .obsidian once each, not their files; .draft.md
     assert [x.id for x in read_documents([d / ".draft.md"])] == [".draft.md"]  # named: read
+    assert corpus.hidden_below([d / ".draft.md", d / "sub"]) == 0
     hidden_root = tmp_path / ".private"
     hidden_root.mkdir()
     (hidden_root / "x.txt").write_text("A root that is itself hidden is read.")

@@ -26,8 +26,9 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-FICTIONAL = Path(__file__).resolve().parents[1] / "fictional"  # its name pools and probe checks
-sys.path.insert(0, str(FICTIONAL))
+HERE = Path(__file__).resolve().parent
+FICTIONAL = HERE.parent / "fictional"  # its name pools and probe checks
+sys.path[:0] = [str(HERE), str(FICTIONAL)]
 from entities import make_pools  # noqa: E402
 from events import CAUSES, STYLES, Incident, document, make_incidents, word_count  # noqa: E402
 

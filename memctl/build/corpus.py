@@ -350,6 +350,17 @@ def _input_files(paths: Sequence[str | Path]) -> list[tuple[Path, Path | None]]:
     return files
 
 
+def hidden_below(paths: Sequence[str | Path]) -> int:
+    """Hidden files and folders `iter_documents` leaves out below the directories among `paths` (a hidden
+    folder counts once, not its contents), for a summary that says so; the paths are checked when read."""
+    hidden: list[str] = []
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if path.is_dir():
+            _walk(path, hidden)
+    return len(hidden)
+
+
 def iter_documents(
     paths: Sequence[str | Path],
     text_field: str = "text",

@@ -27,7 +27,7 @@ from ..registry import Registry, block_id, memctl_home, now
 from ..registry.access import parse_tags
 from ..registry.checkpoints import drop_checkpoints
 from ..registry.lock import bank_lock
-from .corpus import Document, iter_documents, read_documents
+from .corpus import Document, hidden_below, iter_documents, read_documents
 from .embed import get_embedder
 from .routing import DEFAULT_ROUTING, check_routing
 from .stream import TokenCounter, stream_ingest
@@ -51,6 +51,7 @@ class IngestResult:
     seconds: dict[str, float] = field(default_factory=dict)
     tagged: int = 0  # documents already present that received the given tags
     references_added: int = 0
+    hidden_left_out: int = 0  # hidden files and folders below a directory input, not read (memctl.build.corpus)
 
 
 def token_counter(anchor: Anchor) -> TokenCounter:
@@ -190,6 +191,7 @@ def ingest(
         res.stale_blocks,
         {"load": load_s, **res.seconds},
         res.tagged,
+        hidden_left_out=hidden_below(paths),
     )
 
 

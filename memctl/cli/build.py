@@ -124,6 +124,8 @@ def ingest(
     )
     if res.tagged:
         out.print(f"{res.tagged} document(s) already in the bank received the tag(s)")
+    if res.hidden_left_out:
+        out.print(f"{res.hidden_left_out} hidden file(s) or folder(s) left out (a name that starts with '.')")
     if res.stale_blocks:
         out.print(f"{len(res.stale_blocks)} trained block(s) are now stale; `memctl train --bank {bank}` retrains them")
 
