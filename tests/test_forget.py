@@ -47,7 +47,9 @@ def _twins(
     (refs / "r1.txt").write_text("Tin is a soft metal that was once used for cans and toys.")
     (refs / "r2.txt").write_text("The heron is a tall bird that waits in shallow water for fish.")
     (refs / "r3.txt").write_text("Krypton is a rare gas that was found in liquid air in 1898.")
-    assert ingest("a", [refs], reference=True, home=home).references_added == 3
+    (refs / ".r4.txt").write_text("An editor's hidden copy: left out, and said so.")
+    added = ingest("a", [refs], reference=True, home=home)
+    assert (added.references_added, added.hidden_left_out) == (3, 1)
     shutil.copytree(home / "banks" / "a", home / "banks" / "b")
     b = Registry.open("b", home)
     with b.db.atomic():

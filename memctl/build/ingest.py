@@ -140,7 +140,9 @@ def ingest(
         if tags:
             raise InputError("--tag does not apply to --reference documents (they are never trained or served)")
         with bank_lock(name, home):
-            return _add_references(Registry.open(name, home), docs)
+            res = _add_references(Registry.open(name, home), docs)
+        res.hidden_left_out = hidden_below(paths)
+        return res
     stream = iter_documents(paths, text_field=text_field, id_field=id_field)
     head = list(islice(stream, 256))  # a bad first file fails before any model is loaded
     docs_iter = chain(head, stream)

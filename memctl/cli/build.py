@@ -115,15 +115,15 @@ def ingest(
             f"bank [bold]{res.bank}[/bold]: {res.references_added} reference document(s) added "
             f"({res.docs_skipped} already stored); they are never trained or served"
         )
-        return
-    verb = "created" if res.created else "updated"
-    out.print(
-        f"bank [bold]{res.bank}[/bold] {verb}: {res.docs_added} document(s) added, {res.docs_skipped} already "
-        f"present, {res.windows_added} window(s); tree {res.tree[0]}x{res.tree[1]}"
-        + (" (re-clustered)" if res.reclustered else " (routed into the existing tree)")
-    )
-    if res.tagged:
-        out.print(f"{res.tagged} document(s) already in the bank received the tag(s)")
+    else:
+        verb = "created" if res.created else "updated"
+        out.print(
+            f"bank [bold]{res.bank}[/bold] {verb}: {res.docs_added} document(s) added, {res.docs_skipped} already "
+            f"present, {res.windows_added} window(s); tree {res.tree[0]}x{res.tree[1]}"
+            + (" (re-clustered)" if res.reclustered else " (routed into the existing tree)")
+        )
+        if res.tagged:
+            out.print(f"{res.tagged} document(s) already in the bank received the tag(s)")
     if res.hidden_left_out:
         out.print(f"{res.hidden_left_out} hidden file(s) or folder(s) left out (a name that starts with '.')")
     if res.stale_blocks:
