@@ -37,7 +37,7 @@ lower bound; each setup's accuracy on the probes routed into their document's le
         [--variants cloze,study2echo4] [--subtree N] [--routing nearest|tree] [--memory-layers all|last:N]
         [--ranks R1,R2] [--window N]
         [--train-args "..."] [--eval-args "--anchor-mix 0.5"]
-        [--entities 300] [--limit N] [--out demo-out/corpora] [--fresh] [--no-baseline]
+        [--entities 300] [--incidents 200] [--limit N] [--out demo-out/corpora] [--fresh] [--no-baseline]
 
 Unless --no-baseline, the run first trains the time goal's baseline unit on this CPU (benchmarks/time_baseline.py)
 and each row's "unit s x base" is its unit seconds per corpus token against that unit's.
@@ -368,6 +368,7 @@ def main() -> None:
     ap.add_argument("--variants", default="cloze,study2echo4", help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--subtree", type=int, default=None, help="train and score one level-1 subtree only")
     ap.add_argument("--entities", type=int, default=300, help="fictional corpus: invented entities")
+    ap.add_argument("--incidents", type=int, default=200, help="incidents corpus: invented outages")
     ap.add_argument("--limit", type=int, default=None, help="score a reproducible sample of N probes")
     ap.add_argument("--routing", default="nearest", help="the banks' routing rule: nearest (memctl's default) or tree")
     ap.add_argument(
@@ -415,7 +416,7 @@ def main() -> None:
         baseline = time_baseline.measure(out, log, data, base, a.routing, prepare_base, memctl, corpus_tokens)
         console.print(f"baseline: {baseline['seconds_per_1k']:.1f} unit s per 1k corpus tokens ({baseline['cpu']})")
     for corpus in corpora:
-        data = build_data(corpus, out, a.entities, log)
+        data = build_data(corpus, out, a.entities, log, a.incidents)
         pool = 1024  # memctl's default --preserve-pool, unless --train-args says otherwise
         extra = a.train_args.split()
         if "--preserve-pool" in extra:
@@ -462,8 +463,9 @@ def base_home(
     return out / "homes" / f"{corpus}-{routing}-base-pool{pool}{shape}"
 
 
-def build_data(corpus: str, out: Path, entities: int, log: Path) -> Path:
-    """The corpus's documents and probes under DIR/data/CORPUS, built by its example script once."""
+def build_data(corpus: str, out: Path, entities: int, log: Path, incidents: int = 200) -> Path:
+    """The corpus's documents and probes under DIR/data/CORPUS, built by its example script once (a
+    different `--entities` or `--incidents` needs another `--out`)."""
     script, docs, _, _ = CORPORA[corpus]
     data = out / "data" / corpus
     if not (data / docs).is_file():
@@ -472,6 +474,8 @@ def build_data(corpus: str, out: Path, entities: int, log: Path) -> Path:
             build += ["--entities", str(entities)]
         if corpus == "registers":
             build += ["--per-document", str(REGISTER_SECTIONS)]
+        if corpus == "incidents":
+            build += ["--incidents", str(incidents)]
         run(dict(os.environ), build, log)
     return data
 
