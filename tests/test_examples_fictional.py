@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -10,29 +9,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from corpus_files import load, ngrams, run_build, whole_word
 
 BUILD = Path(__file__).resolve().parents[1] / "examples" / "fictional" / "build.py"
 FILES = ("fictional.jsonl", "probes.jsonl", "probes-questions.jsonl")
 
 
 def run(out: Path, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, str(BUILD), "--out", str(out), *args], capture_output=True, text=True, check=True
-    )
-    return done.stdout
-
-
-def load(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-
-
-def whole_word(answer: str, text: str) -> bool:
-    return re.search(r"(?<!\w)" + re.escape(answer) + r"(?!\w)", text) is not None
-
-
-def ngrams(text: str) -> set[tuple[str, ...]]:
-    words = re.findall(r"[a-z0-9]+", text.lower())
-    return {tuple(words[i : i + 4]) for i in range(len(words) - 3)}
+    return run_build(BUILD, out, *args)
 
 
 def style_of(text: str) -> str:
