@@ -30,3 +30,14 @@ def ngrams(text: str, n: int = 4) -> set[tuple[str, ...]]:
     """The text's n-word sequences, lowercased, punctuation dropped: what a probe may not share with a document."""
     words = re.findall(r"[a-z0-9]+", text.lower())
     return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def check_deterministic(build: Path, out: Path, stdout: str, tmp: Path, files: tuple[str, ...], *other: str) -> None:
+    """Built again into another folder, the generator writes the same files and summary; with another seed
+    (and the options `other`, a smaller corpus) it writes another corpus (`files[0]`)."""
+    again = tmp / "again"
+    assert run_build(build, again).replace(str(again), str(out)) == stdout
+    for name in files:
+        assert (out / name).read_bytes() == (again / name).read_bytes(), name
+    run_build(build, tmp / "other", "--seed", "1", *other)
+    assert (tmp / "other" / files[0]).read_bytes() != (out / files[0]).read_bytes()
