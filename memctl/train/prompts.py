@@ -34,6 +34,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .leads import label_lead
 from .sections import passages
 
 # The version of these rules. Bump it when a change makes them write other prompts for some text: each window
@@ -45,7 +46,9 @@ from .sections import passages
 #   4: 2026-12-02: a definition that opens a passage is read as "<S> is ..."; a date or a name that opens a
 #      sentence ("In 1993, SAG ...") is asked at the end of it; the term after "known as", "called", "named";
 #      a sentence's last lowercase phrase; names with a dotted number ("V.90") or a lowercase start ("eBay")
-RULES = 4
+#   5: 2026-12-04: a window titled by an id or a date ("INC-1770 timeline") names its lead in every prompt
+#      but the lead's own ("INC-1770 timeline (Harvion gateway, ...): Cause found: a"; memctl.train.leads)
+RULES = 5
 
 # a sentence ends at . ! ? after a lowercase letter, a digit or a closing mark, so initials ("Jane Q. Example",
 # "Sir H. Davy") do not end one
@@ -406,8 +409,11 @@ def prompts_for(
                 out.append(Prompt(kind, prompt, answer))
             answers.setdefault(prompt, set()).add(answer)
 
-    for part, subject in passages(text, title.strip(), sections, start):
-        _add_sentences(part, subject.strip(), add)
+    title = " ".join(title.split())
+    for part, subject in passages(text, title, sections, start):
+        subject = subject.strip()
+        # a one-subject window titled by an id or a date is about what its lead names (memctl.train.leads)
+        _add_sentences(part, subject, add, label_lead(title, part) if subject == title else "")
     # a prompt the window answers in two ways (e.g. two discovery years) teaches nothing: drop it
     return [p for p in out if len(answers[p.text]) == 1][:max_per_window]
 
@@ -418,9 +424,12 @@ def window_prompts(text: str, title: str | None, start: str | None) -> list[Prom
     return prompts_for(text, title or "", sections=start is not None, start=start or "")
 
 
-def _add_sentences(text: str, subject: str, add: Callable[..., None]) -> None:
-    """Every prompt of `text`'s sentences, about `subject`, through `add(kind, prompt, answer[, min_words])`."""
+def _add_sentences(text: str, title: str, add: Callable[..., None], opening: str = "") -> None:
+    """Every prompt of `text`'s sentences, about `title`, through `add(kind, prompt, answer[, min_words])`;
+    with an `opening` (memctl.train.leads), each sentence but the one it comes from is about
+    "<title> (<opening>)"."""
     for i, sent in enumerate(sentences(text)):
+        subject = f"{title} ({opening})" if opening and opening not in " ".join(sent.split()) else title
         definition = _as_definition(sent, subject) if i == 0 else None
         sent = definition or sent
         field = _fields(sent)

@@ -40,7 +40,7 @@ _NOT_LABELS = {"to", "from", "cc", "bcc", "date", "sent", "by", "author", "owner
 _CAP = re.compile(r"^[A-Z][\w&.'\u2019-]*$")
 _JOIN = {"of", "de", "van", "von", "der", "du", "la", "le", "&"}  # inside a name: "University of Kent"
 # Capitalised words that open sentences and headings without being names
-_SENTENCE_WORDS = set(
+SENTENCE_WORDS = set(
     "the a an this that these those in on at for from to by with after before during our we you i it he she "
     "they his her its their my there here when while if as all each every some no not what who which where why "
     "how q a question answer note notes dear hi hello subject re to from date summary table memo minutes "
@@ -70,7 +70,7 @@ def opening_name(paragraph: str) -> str:
             return ""
         first = first[label.end() :]
     words = first.split()
-    if not words or words[0].lower().strip(":,") in _SENTENCE_WORDS:
+    if not words or words[0].lower().strip(":,") in SENTENCE_WORDS:
         return ""
     out: list[str] = []
     for w in words[:MAX_WORDS]:
@@ -78,7 +78,7 @@ def opening_name(paragraph: str) -> str:
         if bare.lower() in _JOIN and out:
             out.append(bare)
             continue
-        if not _CAP.match(bare) or bare.lower() in _SENTENCE_WORDS:
+        if not _CAP.match(bare) or bare.lower() in SENTENCE_WORDS:
             break
         out.append(bare)
         if bare != w or re.search(r"['\u2019]s$", bare):  # "Velell Energy:", "Orrmere's": the name ends here
@@ -108,7 +108,7 @@ def _inner_name(paragraph: str, current: str) -> str:
     for m in _INNER_NAME.finditer(paragraph):
         name = _strip(m.group(1))
         words = [w.lower() for w in name.split()]
-        if not any(w in _SENTENCE_WORDS for w in words) and len(words) <= MAX_WORDS:
+        if not any(w in SENTENCE_WORDS for w in words) and len(words) <= MAX_WORDS:
             return name
     return current
 

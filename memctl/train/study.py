@@ -36,6 +36,7 @@ from ..model.prefix import layer_outputs, on_model
 from ..registry import Registry
 from .grounding import MIN_TOKENS, grounded_tokens
 from .kinds import STUDY
+from .leads import topic
 from .sections import subjects, window_openings
 
 TOPK = 16  # as memctl.train.distill.TOPK: the student's loss reads the same shape
@@ -76,10 +77,11 @@ class Seed:
 
 
 def subject_of(title: str, text: str) -> str:
-    """What a window is about: its document's title, else the opening words of its first line."""
+    """What a window is about: its document's title (with its lead, for a title that is an id or a date:
+    memctl.train.leads), else the opening words of its first line."""
     title = " ".join((title or "").split())
     if title:
-        return title
+        return topic(title, text)
     m = _LEAD.match(text.strip())
     words = (m.group(1) if m else text).split()[:MAX_SUBJECT_WORDS]
     return " ".join(words).strip(" -*")
