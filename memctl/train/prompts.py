@@ -409,11 +409,11 @@ def prompts_for(
                 out.append(Prompt(kind, prompt, answer))
             answers.setdefault(prompt, set()).add(answer)
 
-    title = " ".join(title.split())
+    title = title.strip()
     for part, subject in passages(text, title, sections, start):
-        subject = subject.strip()
         # a one-subject window titled by an id or a date is about what its lead names (memctl.train.leads)
-        _add_sentences(part, subject, add, label_lead(title, part) if subject == title else "")
+        opening = label_lead(title, part) if subject == title else ""
+        _add_sentences(part, subject.strip(), add, opening)
     # a prompt the window answers in two ways (e.g. two discovery years) teaches nothing: drop it
     return [p for p in out if len(answers[p.text]) == 1][:max_per_window]
 
