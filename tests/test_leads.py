@@ -23,7 +23,10 @@ TICKET = (
     "Ticket INC-7533\nService: Grodion report builder\nOpened: 12 November 2022\n"
     "Site: Brantholm data centre\nTime to restore: 322 min\nResolved by: Nesova Quenard"
 )
-MINUTES = "Minutes of the operations review held on 2023-06-02. Present: Lirith Vessery, Davias Hovby."
+MINUTES = (
+    "Minutes of the operations review held on 2023-06-02. Present: Lirith Vessery, Davias Hovby.\n"
+    "1. INC-7049 (Rynora notification hub, May 24, 2023): the outage lasted 63 minutes."
+)
 POSTMORTEM = "On September 12, 2022, the Jaskell dashboard stopped responding. Service came back after 28 minutes."
 
 
@@ -53,6 +56,10 @@ def test_the_lead_is_the_first_sentence_that_names_something() -> None:
     assert lead("Re: INC-1436 resolved", MAIL) == "Hi all, the Tarnvane login service is healthy again"
     # "Ticket INC-7533" names nothing the title does not
     assert lead("INC-7533", TICKET) == "Service: Grodion report builder"
+    # a list of names says nothing of them: the minutes' lead is their first item
+    assert lead("Operations review, 2023-06-02", MINUTES) == (
+        "INC-7049 (Rynora notification hub, May 24, 2023): the outage lasted 63 minutes"
+    )
     long = "INC-1: " + " ".join(["the Harvion gateway"] * 10) + "."
     assert len(lead("INC-1", long).split()) == MAX_LEAD_WORDS
     assert lead("INC-1", "all lowercase text here.\n12:00 nothing named") == ""

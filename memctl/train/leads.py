@@ -15,9 +15,10 @@ The rules are about the shape of a title, not a corpus's style:
   is no word of it. "Postmortem INC-5855: Jaskell dashboard outage" names its subject; "ALGOL 68" has
   no id ("68" is a number), so neither is a label;
 - its lead is the first sentence, past mail headers ("From:", "To:", "Subject:"), with a Capitalised word
-  after its first word that is no word of the title, no month and no sentence word ("Service: Grodion
-  report builder", "Hi all, the Tarnvane login service is healthy again."), less the title's id where it
-  opens it, cut to MAX_LEAD_WORDS words.
+  after its first word that is no word of the title, no month and no sentence word, and a lowercase word
+  ("Service: Grodion report builder", "Hi all, the Tarnvane login service is healthy again.", not a list
+  of names: "Present: Lirith Vessery, Davias Hovby"), less the title's id where it opens it, cut to
+  MAX_LEAD_WORDS words.
 """
 
 from __future__ import annotations
@@ -57,12 +58,15 @@ def is_label(title: str, text: str) -> bool:
 
 
 def _names_something(sentence: str, title_words: set[str]) -> bool:
-    for m in list(_WORD.finditer(sentence))[1:]:
-        w = m.group(0)
+    """Whether a sentence names something past its first word that the title does not, and says something
+    of it: a lowercase word too (a list of names, "Present: Lirith Vessery, Davias Hovby", describes nothing)."""
+    words = [m.group(0) for m in _WORD.finditer(sentence)]
+    if not any(w[:1].islower() for w in words):
+        return False
+    for w in words[1:]:
         lw = w.lower()
-        if w[:1].isupper() and w[1:2].islower() and lw not in title_words and lw not in _MONTHS:
-            if lw not in SENTENCE_WORDS:
-                return True
+        if w[:1].isupper() and w[1:2].islower() and lw not in title_words | _MONTHS | SENTENCE_WORDS:
+            return True
     return False
 
 
