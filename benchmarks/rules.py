@@ -133,6 +133,7 @@ def measure(
         "targeted": sum(targeted(p) for p in probes) if probes else None,
         "probes": len(probes),
         "named": sum(targeted(p, naming=True) for p in asked) if asked else None,
+        "asked": len(asked),
         "coverage": covered / max(1.0, words),
     }
 
@@ -178,7 +179,7 @@ def main() -> None:
         if new["targeted"] is not None:
             hit = f"{100 * old['targeted'] / new['probes']:.1f}% -> {100 * new['targeted'] / new['probes']:.1f}%"
         if new["named"] is not None:
-            named = f"{100 * old['named'] / new['probes']:.1f}% -> {100 * new['named'] / new['probes']:.1f}%"
+            named = f"{100 * old['named'] / new['asked']:.1f}% -> {100 * new['named'] / new['asked']:.1f}%"
         t.add_row(
             name,
             str(len(sets[name][0])),

@@ -31,6 +31,7 @@ from ..build.ingest import token_counter
 from ..core.errors import BankStateError
 from ..eval.perplexity import TextLoss, answer_losses, combine, summary, text_losses
 from ..serve.session import BankSession
+from ..train.leads import document_lead
 from ..train.prompts import prompts_for
 from ..train.sections import openings
 
@@ -65,9 +66,9 @@ def measure(
     pairs = [
         (doc, p.text, p.answer)
         for doc, d in docs.items()
-        for starts in [openings(d.windows, d.title)]
+        for starts, lead in [(openings(d.windows, d.title), document_lead(d.title, d.windows))]
         for i, w in enumerate(d.windows)
-        for p in prompts_for(w, d.title, sections=starts is not None, start=starts[i] if starts else "")
+        for p in prompts_for(w, d.title, sections=starts is not None, start=starts[i] if starts else "", lead=lead)
     ]
     per_fact: dict[str, list[TextLoss]] = {d: [] for d in docs}
     losses = answer_losses(session, [(p, a) for _d, p, a in pairs], mode, stage=stage, progress=progress)

@@ -34,6 +34,7 @@ from .batches import Sample, _teacher, batch_loss, collate, loss_positions
 from .coverage import bank_coverage
 from .echo import add_echo
 from .kinds import ECHO, QUESTION, replace_kind
+from .leads import window_leads
 from .prompts import RULES, joins_without_space, window_prompts
 from .questions import ANSWER_TOKENS, answer_questions, chat_prompt, write_questions
 from .reprompt import settle
@@ -79,10 +80,11 @@ def generate_prompts(reg: Registry, progress: Progress | None = None) -> int:
     )
     if not rows:
         return 0
-    starts = window_openings(reg, {r["doc_id"] for r in rows})
+    docs = {r["doc_id"] for r in rows}
+    starts, leads = window_openings(reg, docs), window_leads(reg, docs)
     made: list[dict[str, Any]] = []
     for r in rows:
-        for p in window_prompts(r["text"], r["title"], starts[int(r["id"])]):
+        for p in window_prompts(r["text"], r["title"], starts[int(r["id"])], leads[int(r["id"])]):
             made.append(
                 {
                     "window_id": r["id"],

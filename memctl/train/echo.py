@@ -34,7 +34,8 @@ from ..build.routing import route_rows
 from ..model.anchor import has_chat_template
 from ..registry import Registry
 from .kinds import ECHO, replace_kind
-from .prompts import _DAY, joins_without_space
+from .prompts import joins_without_space
+from .sentences import DAY as _DAY
 from .study import chat_turn
 
 ASK = " what?"

@@ -36,6 +36,11 @@ from dataclasses import dataclass
 
 from .leads import label_lead
 from .sections import passages
+from .sentences import DATE as _DATE
+from .sentences import FIELD as _FIELD
+from .sentences import QA as _QA
+from .sentences import TITLE as _TITLE
+from .sentences import sentences
 
 # The version of these rules. Bump it when a change makes them write other prompts for some text: each window
 # records the version that wrote its prompts, and `memctl reprompt` rewrites those of older versions.
@@ -50,24 +55,9 @@ from .sections import passages
 #      but the lead's own ("INC-1770 timeline (Harvion gateway, ...): Cause found: a"; memctl.train.leads)
 RULES = 5
 
-# a sentence ends at . ! ? after a lowercase letter, a digit or a closing mark, so initials ("Jane Q. Example",
-# "Sir H. Davy") do not end one
-_SENT = re.compile(r"(?<=[a-z0-9%)\]\"'][.!?])\s+(?=[A-Z0-9\"'(])")
-# ... nor does a title or an abbreviation that a name or a word follows ("Dr. John Cupitt", "e.g. Lisp", "ca. 1979")
-_TITLE = r"(?:Dr|Mr|Mrs|Ms|Prof|St|Mt|Gen|Col|Capt|Rev|Sgt|Lt|Fr|Sen|Gov)"
-_ABBREVIATION = re.compile(rf"(?:^|\s|\()(?:{_TITLE}|No|Fig|Vol|vs|cf|ca|c|approx|e\.g|i\.e)\.$")
 # a number: not inside a word or a decimal, not glued to a word by a hyphen ("COVID-19", "3-year"),
 # but either end of a numeric range ("1801-1882", "1801–1882") is one
 _NUMBER = re.compile(r"(?<![\w.])(?<![A-Za-z]-)(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)(?!\w)(?![-\u2013][A-Za-z])")
-_MONTH = (
-    r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|Sep(?:t(?:ember)?)?|"
-    r"Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)\.?"
-)
-_DAY = r"\d{1,2}(?:st|nd|rd|th)?"
-_DATE = re.compile(
-    rf"(?<![\w-])(\d{{4}}-\d{{2}}-\d{{2}}|{_DAY} {_MONTH},? \d{{4}}|{_MONTH} {_DAY},? \d{{4}}|"
-    r"\d{1,2}([/.])\d{1,2}\2\d{4})(?![\w-])"  # and 08/10/1983, 08.10.1983
-)
 # a lowercase noun phrase after a copula and an article: "is a theologian", "was an English composer"
 _COPULA_NP = re.compile(
     r"\b(?:is|was|are|were|became|becomes|remains|(?:serves|served|works|worked|acts|acted) as)\s+(?:a|an|the)\s+"
@@ -76,12 +66,6 @@ _COPULA_NP = re.compile(
 )
 # one Capitalised word (or a number) led by a lowercase phrase inside parentheses: "(also known as Example)"
 _PAREN = re.compile(r"\((?:[a-z][a-z.]*\s+){1,4}([A-Z][\w'-]+)\)")
-# a list item or a field line: "- Born: 14 March 1962", "Employer: Quorvane Systems", "City | Brantholm"
-_FIELD = re.compile(
-    r"^\s*(?:[-*\u2022]|\d{1,2}[.)])?\s*([A-Za-z][\w/'-]*(?: [\w/'-]+){0,3})\s*(?::|\|)\s+(\S.{0,80}?)\s*\.?$"
-)
-_ITEM = re.compile(r"^\s*(?:[-*\u2022]|\d{1,2}[.)])\s+\S")
-_QA = re.compile(r"^(?:Q|Question):\s*(.+?\?)(?:\s+(?:A|Answer):\s*(.+?))?\.?$")
 MAX_FIELD_WORDS = 8
 _HEADER_KEYS = {"field", "key", "attribute", "property", "item", "name"}
 # a name inside a sentence (never its first word, which any sentence capitalises): a Capitalised word or an
@@ -162,34 +146,6 @@ class Prompt:
     kind: str  # cloze | paraphrase
     text: str  # ends right before the answer (no trailing space)
     answer: str
-
-
-def _is_line_unit(line: str) -> bool:
-    return bool(_ITEM.match(line) or _FIELD.match(line) or _QA.match(line))
-
-
-def sentences(text: str) -> list[str]:
-    """Sentences of each paragraph; in a paragraph of list items or field lines, each line is one unit
-    (a "Q: ..." line and the "A: ..." line after it make one)."""
-    out = []
-    for para in re.split(r"\n\s*\n", text):
-        lines = [" ".join(x.split()) for x in para.splitlines() if x.strip()]
-        if len(lines) > 1 and sum(_is_line_unit(x) for x in lines) >= 2:
-            for line in lines:
-                if out and line.startswith("A:") and out[-1].startswith("Q:") and " A: " not in out[-1]:
-                    out[-1] = f"{out[-1]} {line}"
-                else:
-                    out.append(line)
-            continue
-        para = " ".join(para.split())
-        parts: list[str] = []
-        for s in _SENT.split(para):
-            if parts and _ABBREVIATION.search(parts[-1]):
-                parts[-1] = f"{parts[-1]} {s}"
-            elif s.strip():
-                parts.append(s.strip())
-        out.extend(parts)
-    return out
 
 
 def _explicit_subject(prefix: str, subject: str) -> str:
@@ -394,11 +350,18 @@ def joins_without_space(prompt: str) -> bool:
 
 
 def prompts_for(
-    text: str, title: str, max_per_window: int = 48, sections: bool | None = None, start: str = ""
+    text: str,
+    title: str,
+    max_per_window: int = 48,
+    sections: bool | None = None,
+    start: str = "",
+    lead: str | None = None,
 ) -> list[Prompt]:
     """Cloze prompts and their paraphrases for every salient span of every sentence of `text`, each naming
-    the subject of its passage: the document's title, or in a document of sections the name its section
-    opens on (memctl.train.sections; `sections` and `start` as in its `passages`)."""
+    the subject of its passage: the document's title (with its lead, for a title that is an id or a date:
+    memctl.train.leads), or in a document of sections the name its section opens on (memctl.train.sections;
+    `sections` and `start` as in its `passages`). `lead`: the document's lead (`leads.window_leads`); None
+    reads `text` as a whole document."""
     out: list[Prompt] = []
     answers: dict[str, set[str]] = {}
 
@@ -410,35 +373,46 @@ def prompts_for(
             answers.setdefault(prompt, set()).add(answer)
 
     title = title.strip()
+    if lead is None:
+        lead = label_lead(title, text)
     for part, subject in passages(text, title, sections, start):
-        # a one-subject window titled by an id or a date is about what its lead names (memctl.train.leads)
-        opening = label_lead(title, part) if subject == title else ""
-        _add_sentences(part, subject.strip(), add, opening)
+        # a passage about the title, in a document titled by an id or a date, is about what its lead names
+        _add_sentences(part, subject.strip(), add, lead if subject == title else "")
     # a prompt the window answers in two ways (e.g. two discovery years) teaches nothing: drop it
     return [p for p in out if len(answers[p.text]) == 1][:max_per_window]
 
 
-def window_prompts(text: str, title: str | None, start: str | None) -> list[Prompt]:
-    """`prompts_for` of a window, given what `memctl.train.sections.window_openings` says of it: the name
-    its section opens on in a document of sections, None in any other document."""
-    return prompts_for(text, title or "", sections=start is not None, start=start or "")
+def window_prompts(text: str, title: str | None, start: str | None, lead: str) -> list[Prompt]:
+    """`prompts_for` of a window, given what `memctl.train.sections.window_openings` says of it (the name
+    its section opens on in a document of sections, None in any other document) and its document's lead
+    (`memctl.train.leads.window_leads`)."""
+    return prompts_for(text, title or "", sections=start is not None, start=start or "", lead=lead)
 
 
 def _add_sentences(text: str, title: str, add: Callable[..., None], opening: str = "") -> None:
     """Every prompt of `text`'s sentences, about `title`, through `add(kind, prompt, answer[, min_words])`;
-    with an `opening` (memctl.train.leads), each sentence but the one it comes from is about
-    "<title> (<opening>)"."""
+    with an `opening` (its document's lead: memctl.train.leads), about "<title> (<opening>)", but in the
+    lead's own sentence, and for an answer the lead says (either would give the answer away)."""
+    about = f"{title} ({opening})" if opening and title else title
     for i, sent in enumerate(sentences(text)):
-        subject = f"{title} ({opening})" if opening and opening not in " ".join(sent.split()) else title
-        definition = _as_definition(sent, subject) if i == 0 else None
+        whom = title if about == title or opening in sent else about
+
+        def subject_for(answer: str, whom: str = whom) -> str:
+            return title if whom != title and _gives(opening, answer) else whom
+
+        def names(answer: str, subject: str) -> bool:  # the subject itself, or the title's name
+            return _names_subject(answer, subject) or _names_subject(answer, title)
+
+        definition = _as_definition(sent, title) if i == 0 else None
         sent = definition or sent
         field = _fields(sent)
         value_at = -1
-        if field and subject:
+        if field and whom:
             key, value = field
             value_at = sent.rfind(value)
+            subject = subject_for(value)
             # a header line ("Quorvane: questions and answers") or an answer that only names the subject
-            if key.lower() != subject.lower() and not _names_subject(value, subject):
+            if key.lower() != subject.lower() and not names(value, subject):
                 add("cloze", _with_subject(key, subject) if key.startswith("Q: ") else f"{subject}, {key.lower()}:",
                     value, min_words=2)  # fmt: skip
         for s, e in _spans(sent):
@@ -446,15 +420,16 @@ def _add_sentences(text: str, title: str, add: Callable[..., None], opening: str
                 continue
             prefix = sent[:s].rstrip(" (")
             answer = sent[s:e]
+            subject = subject_for(answer)
             moved = _fronted(sent, s, e)
-            if moved and not _gives(moved, answer) and not _names_subject(answer, subject):
+            if moved and not _gives(moved, answer) and not names(answer, subject):
                 add("cloze", _with_subject(_explicit_subject(moved, subject) if subject else moved, subject), answer)
                 continue
             # a range's second year may follow its hyphen ("(1801-" -> "1882"); other glued parts may not
             ranged = re.search(r"\d{4}\s*[-\u2013]$", prefix) and re.fullmatch(r"\d{4}", answer)
             if len(prefix.split()) < 2 or (prefix.endswith(("-", "/", "\u2013")) and not ranged):
                 continue
-            if _gives(prefix, answer) or _names_subject(answer, subject):
+            if _gives(prefix, answer) or names(answer, subject):
                 continue  # an answer the prompt already gives, or the subject itself
             cloze = _with_subject(_explicit_subject(prefix, subject) if subject else prefix, subject)
             # a definition's prompt names its subject: "Slingshot is" asks for "CSK Software"

@@ -4,8 +4,9 @@ Each window records the version of the cloze rules (memctl.train.prompts.RULES) 
 After an upgrade of memctl changes the rules, a bank keeps training on the prompts it has; `reprompt`
 deletes the rule-written prompts (cloze and paraphrase, with their teacher cache) of the windows written
 by older rules, so that the next `memctl train` writes them again, and marks every trained block stale,
-since new prompts are routed anew and any unit may receive one (and a document of sections written
-before v2 is studied again: its self-study seeds named its title). A window whose prompts the current rules
+since new prompts are routed anew and any unit may receive one (and a window whose self-study seeds
+named its title alone is studied again: a document of sections written before v2, one titled by an id or a
+date written before v5, memctl.train.leads). A window whose prompts the current rules
 would write the same, prompt for prompt (these rules run again on its text: no model), is not outdated:
 it is recorded as current (`settle`); one they write otherwise records that they did (`rules_checked`),
 so that every `train` does not run them again on it. Echo questions
@@ -18,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..registry import Registry, now
 from ..registry.checkpoints import drop_checkpoints, pending_checkpoints
 from ..registry.lock import bank_lock
 from .kinds import ECHO, RULE_KINDS
+from .leads import window_leads
 from .prompts import RULES, window_prompts
 from .sections import window_openings
 
@@ -47,17 +48,25 @@ class RepromptReport:
     checkpoints_dropped: int = 0
 
 
-def _of_sections(reg: Registry, where: str, params: Sequence[Any] = ()) -> dict[int, bool]:
-    """For each window matching `where`: whether its document is a document of sections."""
-    rows = list(reg.db.query(f"select id, doc_id from windows where {where}", list(params)))
-    starts = window_openings(reg, {r["doc_id"] for r in rows})
-    return {int(r["id"]): starts[int(r["id"])] is not None for r in rows}
+def _reseeded(reg: Registry, where: str) -> list[int]:
+    """The windows matching `where` whose self-study seeds these rules write otherwise: of a document of
+    sections written before v2 (its seeds named its title), of a document with a lead (memctl.train.leads)
+    written before v5 (its seeds named its title alone)."""
+    rows = list(reg.db.query(f"select id, doc_id, prompt_rules from windows where {where}"))
+    docs = {r["doc_id"] for r in rows}
+    starts, leads = window_openings(reg, docs), window_leads(reg, docs)
+    return [
+        int(r["id"])
+        for r in rows
+        if (starts[int(r["id"])] is not None and r["prompt_rules"] < 2)
+        or (leads[int(r["id"])] and r["prompt_rules"] < 5)
+    ]
 
 
 def _compare(reg: Registry) -> tuple[list[int], list[int]]:
     """Windows written by older rules and not yet compared with these: (those whose cloze and paraphrase
-    prompts the current rules write the same, those they write otherwise). A document of sections written
-    before v2 is never the same: its self-study seeds named its title."""
+    prompts the current rules write the same, those they write otherwise). A window whose self-study seeds
+    these rules name otherwise is never the same (`_reseeded`)."""
     rows = list(
         reg.db.query(
             "select w.id, w.doc_id, w.text, w.prompt_rules, d.title from windows w join documents d on "
@@ -67,7 +76,8 @@ def _compare(reg: Registry) -> tuple[list[int], list[int]]:
     )
     if not rows:
         return [], []
-    starts = window_openings(reg, {r["doc_id"] for r in rows})
+    docs = {r["doc_id"] for r in rows}
+    starts, leads = window_openings(reg, docs), window_leads(reg, docs)
     kinds = ", ".join(f"'{k}'" for k in RULE_KINDS)
     same: list[int] = []
     other: list[int] = []
@@ -81,9 +91,10 @@ def _compare(reg: Registry) -> tuple[list[int], list[int]]:
         ):
             stored[int(w)].append((kind, text, answer))
         for r in part:
-            start = starts[int(r["id"])]
-            before_v2 = start is not None and r["prompt_rules"] < 2
-            now = None if before_v2 else window_prompts(r["text"], r["title"], start)
+            start, lead = starts[int(r["id"])], leads[int(r["id"])]
+            # self-study seeds changed too: of a document of sections before v2, of one with a lead before v5
+            reseeded = (start is not None and r["prompt_rules"] < 2) or (bool(lead) and r["prompt_rules"] < 5)
+            now = None if reseeded else window_prompts(r["text"], r["title"], start, lead)
             if now is not None and sorted((p.kind, p.text, p.answer) for p in now) == sorted(stored[int(r["id"])]):
                 same.append(int(r["id"]))
             else:
@@ -151,9 +162,8 @@ def reprompt(reg: Registry, all_windows: bool = False) -> RepromptReport:
             f"delete from prompts where kind = ? and window_id in (select id from windows where {where})", [ECHO]
         )
         reg.db.execute(f"update windows set echoed = 0 where {where}")
-        # self-study seeds of a document of sections named its title before v2: they are sampled again too
-        before_v2 = _of_sections(reg, f"{where} and prompt_rules < 2")
-        _set(reg, "studied", 0, [w for w, sections in before_v2.items() if sections])
+        # self-study continuations whose seeds these rules name otherwise are sampled again too
+        _set(reg, "studied", 0, _reseeded(reg, where))
         reg.db.execute(f"update windows set prompted = 0 where {where}")
         stale = [r["id"] for r in reg.db.query("select id from blocks where state = 'trained' order by level, idx")]
         reg.db.execute("update blocks set state = 'stale', updated = ? where state = 'trained'", [now()])

@@ -1,5 +1,5 @@
 """Whom each paragraph of a window is about: its document's title, or a name of its own (pure text, but
-for `window_openings`, which reads a bank's windows).
+for `document_windows` and `window_openings`, which read a bank's windows).
 
 A register, a staff list, minutes or a ticket log is one document about many subjects, none of them
 named by its title: "Aurias Haldton is employed by Cyraris Instruments. His date of birth is ..." in
@@ -196,11 +196,9 @@ def subjects(text: str, title: str, sections: bool | None = None, start: str = "
     return list(seen.values())
 
 
-def window_openings(reg: Registry, doc_ids: set[str]) -> dict[int, str | None]:
-    """For every window of these documents, the subject it opens with when its document is a set of
-    sections, else None (`openings`, read from all of each document's windows)."""
-    texts: dict[str, list[tuple[int, str]]] = {d: [] for d in doc_ids}
-    titles: dict[str, str] = {}
+def document_windows(reg: Registry, doc_ids: set[str]) -> dict[str, tuple[str, list[tuple[int, str]]]]:
+    """Each of these documents' title and windows (id, text), in order."""
+    out: dict[str, tuple[str, list[tuple[int, str]]]] = {}
     ids = sorted(doc_ids)
     for i in range(0, len(ids), 500):
         part = ids[i : i + 500]
@@ -209,10 +207,15 @@ def window_openings(reg: Registry, doc_ids: set[str]) -> dict[int, str | None]:
             f"where w.doc_id in ({','.join('?' * len(part))}) order by w.id"
         )
         for r in reg.db.query(sql, part):
-            texts[r["doc_id"]].append((int(r["id"]), r["text"]))
-            titles[r["doc_id"]] = r["title"] or ""
+            out.setdefault(r["doc_id"], (r["title"] or "", []))[1].append((int(r["id"]), r["text"]))
+    return out
+
+
+def window_openings(reg: Registry, doc_ids: set[str]) -> dict[int, str | None]:
+    """For every window of these documents, the subject it opens with when its document is a set of
+    sections, else None (`openings`, read from all of each document's windows)."""
     out: dict[int, str | None] = {}
-    for d, wins in texts.items():
-        starts = openings([t for _, t in wins], titles.get(d, ""))
+    for title, wins in document_windows(reg, doc_ids).values():
+        starts = openings([t for _, t in wins], title)
         out.update({w: (starts[i] if starts is not None else None) for i, (w, _) in enumerate(wins)})
     return out

@@ -36,7 +36,7 @@ from ..model.prefix import layer_outputs, on_model
 from ..registry import Registry
 from .grounding import MIN_TOKENS, grounded_tokens
 from .kinds import STUDY
-from .leads import topic
+from .leads import label_lead, topic, window_leads
 from .sections import subjects, window_openings
 
 TOPK = 16  # as memctl.train.distill.TOPK: the student's loss reads the same shape
@@ -76,12 +76,13 @@ class Seed:
     chat: bool  # asked in the chat template (the teacher reads the window in the same turn)
 
 
-def subject_of(title: str, text: str) -> str:
-    """What a window is about: its document's title (with its lead, for a title that is an id or a date:
-    memctl.train.leads), else the opening words of its first line."""
+def subject_of(title: str, text: str, lead: str | None = None) -> str:
+    """What a window is about: its document's title (with its document's lead `lead`, for a title that is an
+    id or a date: memctl.train.leads; None reads `text` as a whole document), else the opening words of its
+    first line."""
     title = " ".join((title or "").split())
     if title:
-        return topic(title, text)
+        return topic(title, label_lead(title, text) if lead is None else lead)
     m = _LEAD.match(text.strip())
     words = (m.group(1) if m else text).split()[:MAX_SUBJECT_WORDS]
     return " ".join(words).strip(" -*")
@@ -299,15 +300,18 @@ def ground(tok: Any, ct: Continuation, window: str) -> Continuation | None:
     )
 
 
-def window_seeds(tokenizer: Any, title: str, text: str, per_window: int, start: str | None) -> list[Seed]:
-    """The seeds of a window: `per_window` naming its subject; in a document of sections (`start`, the
-    subject the window opens with, is not None) one at least for each of its sections' names, up to
-    MAX_SECTION_SEEDS x `per_window`, the names taking turns and each next seed of a name its next form."""
+def window_seeds(
+    tokenizer: Any, title: str, text: str, per_window: int, start: str | None, lead: str | None = None
+) -> list[Seed]:
+    """The seeds of a window: `per_window` naming its subject (with its document's `lead`: `subject_of`); in a
+    document of sections (`start`, the subject the window opens with, is not None) one at least for each of
+    its sections' names, up to MAX_SECTION_SEEDS x `per_window`, the names taking turns and each next seed
+    of a name its next form."""
     names = subjects(text, title, True, start) if start is not None else []
     if len(names) == 1 and names[0] != " ".join(title.split()):
         return pick_seeds(seeds_for(tokenizer, names[0]), per_window)
     if len(names) < 2:
-        return pick_seeds(seeds_for(tokenizer, subject_of(title, text)), per_window)
+        return pick_seeds(seeds_for(tokenizer, subject_of(title, text, lead)), per_window)
     forms = [seeds_for(tokenizer, name) for name in names]
     n = max(per_window, min(len(names), MAX_SECTION_SEEDS * per_window))
     return [forms[i % len(names)][(i // len(names)) % len(forms[0])] for i in range(n)]
@@ -356,13 +360,14 @@ def add_study(
     router = None if reg.config.routing == "nearest" else (get_embedder(reg.config.embedder), reg.load_tree())
     seed_base = int(reg.config.seed)
     total = 0
-    starts = window_openings(reg, {r["doc_id"] for r in rows})
+    docs = {r["doc_id"] for r in rows}
+    starts, leads = window_openings(reg, docs), window_leads(reg, docs)
     done = 0
     for chunk in study_chunks(rows):
         asked = [
             (
                 r["text"],
-                window_seeds(tok, r["title"] or "", r["text"], per_window, starts[int(r["id"])]),
+                window_seeds(tok, r["title"] or "", r["text"], per_window, starts[int(r["id"])], leads[int(r["id"])]),
                 torch.Generator().manual_seed(seed_base * 1_000_003 + int(r["id"])),  # per window: resumable
             )
             for r in chunk
