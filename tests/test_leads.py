@@ -55,6 +55,7 @@ POSTMORTEM = "On September 12, 2022, the Jaskell dashboard stopped responding. S
         ("ALGOL 68", "ALGOL 68 is a successor of ALGOL 60.", False),  # a number is no id
         ("Windows 3.1", "Windows 3.1 shipped in 1992; windows overlap.", False),  # nor is a decimal
         ("Oberon-2", "Oberon-2 is an extension of Oberon by N. Wirth.", False),  # a name with a number
+        ("libpython3.11", "Shared Python runtime library (version 3.11).", False),  # an id has no lowercase
         ("MP3", "MP3 is a coding format for digital audio.", False),  # an id the text calls by name
         ("PDP-7", "A minicomputer: the PDP-7 was sold by DEC.", False),
         ("iPhone 4S", "The phone sold well; a 4S cost more.", False),  # a name with a capital inside

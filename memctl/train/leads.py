@@ -11,8 +11,9 @@ August 12, 2024)"), in every window of the document.
 
 The rules are about the shape of a title, not a corpus's style:
 - a title is a *label* when it holds an id or a date and no name:
-  - an id is a word of letters and digits ("INC-1770", "Q3", "AS/400"); a bare number or decimal ("68",
-    "3.1") is none; a date is one of `memctl.train.sentences.DATE`'s forms, or a month and a year;
+  - an id is a word of capitals and digits ("INC-1770", "Q3", "AS/400"); a bare number or decimal ("68",
+    "3.1") is none, nor a word with a lowercase letter ("libc6", "Oberon-2", "python3.11"); a date is one
+    of `memctl.train.sentences.DATE`'s forms, or a month and a year;
   - a name is a word with a capital letter, no month, that the text never writes in lowercase
     ("Jaskell" in "Postmortem INC-5855: Jaskell dashboard outage", "Vindrel", "iPhone"; not "Operations"
     beside "the operations review"); a mail's "Re:" or "Fwd:" is no word of the title;
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 MAX_LEAD_WORDS = 12
 _MAIL_PREFIX = re.compile(r"^\s*(?:(?:re|fwd?|aw)\s*:\s*)+", re.I)
 _HEADER = re.compile(r"^(?:from|to|cc|bcc|date|sent|subject|reply-to|message-id)\s*:", re.I)
-_ID = re.compile(r"^(?=.*\d)(?=.*[A-Za-z])[A-Za-z\d][\w/#.:-]*$")
+_ID = re.compile(r"^(?=.*\d)(?=.*[A-Z])[A-Z\d][A-Z\d/#.:_-]*$")  # no lowercase: "INC-1770", not "libc6"
 _MONTH_YEAR = re.compile(rf"\b{MONTH}\s+\d{{4}}\b")
 _MONTHS = set(
     "january february march april may june july august september october november december "
