@@ -8,6 +8,7 @@ For each corpus, each document read as one window (`memctl.train.prompts.prompts
 * naming the subject: for probes that say whom they ask about (incidents': the system), those targeted by a
   prompt that names it too (a fact learned under another name, an incident's id, is not found by a question
   that asks by the system);
+* documents changed: documents whose prompts the two sets of rules write otherwise;
 * coverage: the share of the documents' content words that some prompt's answer holds
   (`memctl.train.coverage.window_coverage`, weighted by content words).
 
@@ -105,6 +106,7 @@ def measure(
     in its document's second one (`<id>-2`) too, as examples/fictional and incidents write them."""
     answers: dict[str, list[str]] = {}
     texts: dict[str, list[str]] = {}
+    written: dict[str, list[tuple[str, str, str]]] = {}
     n = 0
     covered = words = 0.0
     for d in docs:
@@ -112,6 +114,7 @@ def measure(
         n += len(got)
         answers[d["id"]] = [p.answer.lower() for p in got]
         texts[d["id"]] = [p.text.lower() for p in got]
+        written[d["id"]] = [(p.kind, p.text, p.answer) for p in got]
         w = len(content_words(d["text"]))
         covered += (window_coverage(d["text"], answers[d["id"]]) or 0.0) * w
         words += w
@@ -135,6 +138,7 @@ def measure(
         "named": sum(targeted(p, naming=True) for p in asked) if asked else None,
         "asked": len(asked),
         "coverage": covered / max(1.0, words),
+        "written": written,
     }
 
 
@@ -172,7 +176,8 @@ def main() -> None:
             for name, (d, p) in sets.items()
         }
     t = Table(title=f"cloze rules v{getattr(base, 'RULES', '?')} ({a.against}) -> v{current.RULES} ({commit()})")
-    for col in ("corpus", "docs", "prompts", "x baseline", "probes targeted", "naming the subject", "coverage"):
+    cols = ("corpus", "docs", "changed", "prompts", "x baseline", "probes targeted", "naming the subject", "coverage")
+    for col in cols:
         t.add_column(col, justify="left" if col == "corpus" else "right")
     for name, (old, new) in rows.items():
         hit = named = "-"
@@ -180,9 +185,11 @@ def main() -> None:
             hit = f"{100 * old['targeted'] / new['probes']:.1f}% -> {100 * new['targeted'] / new['probes']:.1f}%"
         if new["named"] is not None:
             named = f"{100 * old['named'] / new['asked']:.1f}% -> {100 * new['named'] / new['asked']:.1f}%"
+        changed = sum(old["written"][d] != new["written"][d] for d in new["written"])
         t.add_row(
             name,
             str(len(sets[name][0])),
+            str(changed),
             f"{old['prompts']:,} -> {new['prompts']:,}",
             f"{new['prompts'] / max(1, old['prompts']):.2f}",
             hit,
@@ -190,7 +197,15 @@ def main() -> None:
             f"{100 * old['coverage']:.1f}% -> {100 * new['coverage']:.1f}%",
         )
     console.print(t)
-    (a.out / "rules.json").write_text(json.dumps({"against": a.against, "commit": commit(), "rows": rows}, indent=1))
+    summary = {
+        name: {
+            "changed": sum(old["written"][d] != new["written"][d] for d in new["written"]),
+            "before": {k: v for k, v in old.items() if k != "written"},
+            "after": {k: v for k, v in new.items() if k != "written"},
+        }
+        for name, (old, new) in rows.items()
+    }
+    (a.out / "rules.json").write_text(json.dumps({"against": a.against, "commit": commit(), "rows": summary}, indent=1))
 
 
 if __name__ == "__main__":
