@@ -48,19 +48,18 @@ class RepromptReport:
     checkpoints_dropped: int = 0
 
 
+def _seeds_changed(start: str | None, lead: str, rules: int) -> bool:
+    """Whether these rules name a window's self-study seeds otherwise than rules `rules` did: a document of
+    sections before v2 (its seeds named its title), a document with a lead before v5 (its title alone)."""
+    return (start is not None and rules < 2) or (bool(lead) and rules < 5)
+
+
 def _reseeded(reg: Registry, where: str) -> list[int]:
-    """The windows matching `where` whose self-study seeds these rules write otherwise: of a document of
-    sections written before v2 (its seeds named its title), of a document with a lead (memctl.train.leads)
-    written before v5 (its seeds named its title alone)."""
+    """The windows matching `where` whose self-study seeds these rules write otherwise (`_seeds_changed`)."""
     rows = list(reg.db.query(f"select id, doc_id, prompt_rules from windows where {where}"))
     docs = {r["doc_id"] for r in rows}
     starts, leads = window_openings(reg, docs), window_leads(reg, docs)
-    return [
-        int(r["id"])
-        for r in rows
-        if (starts[int(r["id"])] is not None and r["prompt_rules"] < 2)
-        or (leads[int(r["id"])] and r["prompt_rules"] < 5)
-    ]
+    return [int(r["id"]) for r in rows if _seeds_changed(starts[int(r["id"])], leads[int(r["id"])], r["prompt_rules"])]
 
 
 def _compare(reg: Registry) -> tuple[list[int], list[int]]:
@@ -92,8 +91,7 @@ def _compare(reg: Registry) -> tuple[list[int], list[int]]:
             stored[int(w)].append((kind, text, answer))
         for r in part:
             start, lead = starts[int(r["id"])], leads[int(r["id"])]
-            # self-study seeds changed too: of a document of sections before v2, of one with a lead before v5
-            reseeded = (start is not None and r["prompt_rules"] < 2) or (bool(lead) and r["prompt_rules"] < 5)
+            reseeded = _seeds_changed(start, lead, r["prompt_rules"])
             now = None if reseeded else window_prompts(r["text"], r["title"], start, lead)
             if now is not None and sorted((p.kind, p.text, p.answer) for p in now) == sorted(stored[int(r["id"])]):
                 same.append(int(r["id"]))
