@@ -29,6 +29,7 @@ from ..registry.checkpoints import drop_checkpoints
 from ..registry.lock import bank_lock
 from .corpus import Document, hidden_below, iter_documents, read_documents
 from .embed import get_embedder
+from .lexical import DEFAULT_WEIGHT, check_weight
 from .routing import DEFAULT_ROUTING, check_routing
 from .stream import TokenCounter, stream_ingest
 
@@ -111,6 +112,7 @@ def ingest(
     embedder: str | None = None,
     seed: int = 0,
     routing: str | None = None,
+    lexical: float | None = None,
     tags: frozenset[str] = frozenset(),
     reference: bool = False,
     home: Path | None = None,
@@ -132,6 +134,10 @@ def ingest(
     tags = parse_tags(tags)
     if routing is not None:
         check_routing(routing)
+    if lexical is not None:
+        check_weight(lexical)
+        if (routing or DEFAULT_ROUTING) != "nearest":
+            raise InputError("--lexical weighs words in `nearest` routing; --routing tree reads the tree alone")
     t0 = time.perf_counter()
     if reference:
         docs = read_documents(paths, text_field=text_field, id_field=id_field)
@@ -155,6 +161,7 @@ def ingest(
         "window": window,
         "seed": seed,
         "routing": routing,
+        "lexical": lexical,
     }
     reg, opts, new = _prepare(name, home, Registry.exists(name, home), **options)
     load_s = time.perf_counter() - t0
@@ -213,6 +220,7 @@ def _prepare(
     window: int | None,
     seed: int,
     routing: str | None,
+    lexical: float | None,
 ) -> tuple[Registry | None, dict[str, Any], _NewBank | None]:
     """`ingest`'s checks of its options, and its models; writes nothing, takes no lock. Returns the open
     bank (None: it is to be created), `stream_ingest`'s model options, and for a new bank its
@@ -228,6 +236,7 @@ def _prepare(
             "--embedder": embedder,
             "--window": window,
             "--routing": routing,
+            "--lexical": lexical,
         }
         given = [k for k, v in fixed.items() if v is not None]
         if given:
@@ -248,16 +257,17 @@ def _prepare(
     layers = memory_layers or "all"
 
     rule = check_routing(routing or DEFAULT_ROUTING)
+    weight = (DEFAULT_WEIGHT if lexical is None else lexical) if rule == "nearest" else 0.0
 
     def config_for(n_windows: int) -> BankConfig:
         cfg = _new_config(the_anchor, anchor_spec, embedder_name, win, n_windows, tree, ranks, layers, seed)
-        return dataclasses.replace(cfg, routing=rule)
+        return dataclasses.replace(cfg, routing=rule, lexical=weight)
 
     # checks the options now; the tree shape is final once the corpus size is known
     provisional = _new_config(
         the_anchor, anchor_spec, embedder_name, win, 0, tree or (2, 1), ranks if tree else None, layers, seed
     )
-    provisional = dataclasses.replace(provisional, routing=rule)
+    provisional = dataclasses.replace(provisional, routing=rule, lexical=weight)
     anchor_row = {
         "path": str(the_anchor.path),
         "sha256": the_anchor.digest,

@@ -18,6 +18,7 @@ from .common import (
     DtypeOpt,
     Int8Opt,
     JsonOpt,
+    LexicalOpt,
     MinRelevanceOpt,
     RelevanceRampOpt,
     app,
@@ -47,6 +48,7 @@ def ask(
     dtype: DtypeOpt = None,
     min_relevance: MinRelevanceOpt = None,
     relevance_ramp: RelevanceRampOpt = None,
+    lexical: LexicalOpt = None,
     anchor_mix: AnchorMixOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -64,7 +66,7 @@ def ask(
         return do_ask(
             bank, prompt, mode=mode, max_new_tokens=max_new_tokens, chat=chat, allow=tags, cache_mb=cache_mb, rag=rag,
             int8=int8, device=device, dtype=dtype, min_relevance=min_relevance, anchor_mix=anchor_mix,
-            relevance_ramp=relevance_ramp,
+            relevance_ramp=relevance_ramp, lexical=lexical,
         )  # fmt: skip
 
     d = run(go)
@@ -123,6 +125,7 @@ def chat(
     dtype: DtypeOpt = None,
     min_relevance: MinRelevanceOpt = None,
     relevance_ramp: RelevanceRampOpt = None,
+    lexical: LexicalOpt = None,
     anchor_mix: AnchorMixOpt = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Line mode that answers each stdin line with one JSON object per line.")
@@ -147,7 +150,7 @@ def chat(
         place = placement(device, dtype)
         session = BankSession(
             bank, allow=tags, cache_mb=cache_mb, int8=int8, place=place, min_relevance=min_relevance,
-            anchor_mix=anchor_mix, relevance_ramp=relevance_ramp,
+            anchor_mix=anchor_mix, relevance_ramp=relevance_ramp, lexical=lexical,
         )  # fmt: skip
         return Chat(session, settings)
 

@@ -59,6 +59,13 @@ def ingest(
         str | None,
         typer.Option(help="How a context finds its blocks (new bank): 'nearest' window (default) or 'tree' descent."),
     ] = None,
+    lexical: Annotated[
+        float | None,
+        typer.Option(
+            help="Weight of the words a context shares with a window beside the embeddings' cosine, in `nearest` "
+            "routing (new bank; default 0.3, 0: cosine alone)."
+        ),
+    ] = None,
     tag: Annotated[
         list[str] | None,
         typer.Option(help="Label the documents (repeatable or comma-separated); `--allow` rules read the labels."),
@@ -101,6 +108,7 @@ def ingest(
                 embedder=embedder,
                 seed=seed,
                 routing=routing,
+                lexical=lexical,
                 tags=tags,
                 reference=reference,
                 progress=progress,

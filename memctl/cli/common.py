@@ -105,6 +105,14 @@ MinRelevanceOpt = Annotated[
         "(0 to 1) fetches no memory and retrieves nothing (default: calibrated on the bank's windows; 0: off).",
     ),
 ]
+LexicalOpt = Annotated[
+    float | None,
+    typer.Option(
+        help="Weight of the words a context shares with a window beside the embeddings' cosine, in `nearest` "
+        "routing and RAG's choice of window (default: the bank's, 0.3 in banks made since it exists; 0: cosine "
+        "alone).",
+    ),
+]
 RelevanceRampOpt = Annotated[
     float | None,
     typer.Option(

@@ -38,7 +38,7 @@ def info(
     m = d["memory"]
     out.print(
         f"tree      k={d['tree']['k']}, p={d['tree']['p']}  ({d['tree']['k'] ** d['tree']['p']} leaves), "
-        f"routing: {d['routing']}"
+        f"routing: {d['routing']}" + (f" (words weigh {d['lexical']:g})" if d.get("lexical") else "")
     )
     ratio = f" = {100 * d['fetched_ratio']:.1f}% of the anchor" if d["fetched_ratio"] else ""
     out.print(

@@ -20,6 +20,7 @@ from .common import (
     DtypeOpt,
     Int8Opt,
     JsonOpt,
+    LexicalOpt,
     MinRelevanceOpt,
     RelevanceRampOpt,
     app,
@@ -101,6 +102,7 @@ def eval_cmd(
     dtype: DtypeOpt = None,
     min_relevance: MinRelevanceOpt = None,
     relevance_ramp: RelevanceRampOpt = None,
+    lexical: LexicalOpt = None,
     anchor_mix: AnchorMixOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -148,7 +150,7 @@ def eval_cmd(
             params["device"] = place.label  # likewise: only another placement starts a new run
         session = BankSession(
             bank, allow=tags, int8=int8, place=place, min_relevance=min_relevance, anchor_mix=anchor_mix,
-            relevance_ramp=relevance_ramp,
+            relevance_ramp=relevance_ramp, lexical=lexical,
         )  # fmt: skip
         with session, stage_progress(not as_json) as progress:
             if report is not None:  # made once every option has passed: an eval never runs for a report it cannot write
@@ -168,6 +170,7 @@ def eval_cmd(
                                 ("--blocking", blocking if blocking != "reroute" else None),
                                 ("--perplexity", perplexity), ("--allow", allow), ("--limit", limit),
                                 ("--min-relevance", min_relevance), ("--relevance-ramp", relevance_ramp),
+                                ("--lexical", lexical),
                                 ("--anchor-mix", anchor_mix),
                                 ("--seed", seed if limit is not None else None), ("--report", report)):  # fmt: skip
                 if value is not None:

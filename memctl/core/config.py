@@ -198,6 +198,9 @@ class BankConfig:
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
     routing: str = "tree"  # memctl.build.routing: new banks get "nearest"; a config without it is an older bank
+    # `nearest` routing: the weight of a window's relative BM25 score beside its cosine (memctl.build.lexical);
+    # new banks get lexical.DEFAULT_WEIGHT, a config without it (a bank made before) 0: cosine alone
+    lexical: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -219,6 +222,7 @@ class BankConfig:
             seed=d.get("seed", 0),
             extra=d.get("extra", {}),
             routing=d.get("routing", "tree"),
+            lexical=float(d.get("lexical", 0.0)),
         )
 
 

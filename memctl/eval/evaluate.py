@@ -101,7 +101,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
         notes.append(f"oracle-rag skipped: {msg}")
     retrieved: list[Any] = [None] * len(probes)
     if probes and {"rag", "rag+fetched"} & set(setups):
-        retrieved = session.retriever.retrieve(x, gated)  # a probe the gate left to the anchor retrieves nothing
+        retrieved = session.retriever.retrieve(x, gated, [p.prompt for p in probes])  # gated: retrieves nothing
         if not any(retrieved):
             notes.append("rag retrieved nothing (no window may be served)")
     tok = session.anchor.tokenizer
@@ -142,7 +142,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
                     wrong[0, -1] = sib
                     add(s, i, p.prompt, "fetched", wrong, str(sib), session.anchor_mix)
     if opts.beam > 1:  # the gate judges a probe on its top leaf, as for fetched
-        beams = gate(session.router.beam(x, opts.beam), off)
+        beams = gate(session.router.beam(x, opts.beam, [p.prompt for p in probes]), off)
         for i, p in enumerate(probes):
             add(f"fetched beam={opts.beam}", i, p.prompt, "fetched", beams[i])
     blocked: dict[float, list[list[tuple[int, int]]]] = {}
@@ -155,7 +155,7 @@ def plan_eval(session: BankSession, probes: list[Probe], opts: EvalOptions, ppl_
             blocked[f].append(nodes)
             mix = None
             if opts.blocking == "reroute":  # as in a bank without those nodes: the gate judges the new leaf
-                path = session.router.route_avoiding(x[i], set(nodes))
+                path = session.router.route_avoiding(x[i], set(nodes), p.prompt)
                 sims_i = session.router.similarity(x[i : i + 1], path[None])
                 off_i = below_floor(sims_i, session.relevance_floor)
                 mix = float(session.shares(sims_i)[0])
@@ -304,6 +304,8 @@ def run_eval(
         params["relevance_floor"] = session.relevance_floor
     if session.relevance_floor > 0 and session.relevance_ramp > 1:  # the ramp mixes near the floor: a new run
         params["relevance_ramp"] = session.relevance_ramp
+    if session.lexical > 0 and session.cfg.routing == "nearest":  # routed by words too: a new run (0: as before)
+        params["lexical"] = session.lexical
     if session.anchor_mix > 0:  # mixed answers are other answers: a new run (0: as before the mix existed)
         params["anchor_mix"] = session.anchor_mix
     runs = EvalRuns(session.reg) if store else None

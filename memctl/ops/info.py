@@ -61,6 +61,7 @@ def info(name: str, home: Path | None = None, allow: frozenset[str] | None = Non
         "window": cfg.window,
         "tree": {"k": cfg.tree.k, "p": cfg.tree.p, "seed": cfg.tree.seed},
         "routing": cfg.routing,
+        "lexical": cfg.lexical,
         "memory": {
             "ranks": list(cfg.memory.ranks),
             "layers": len(cfg.memory.layers),

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..build.embed import Embedder, get_embedder
+from ..build.lexical import check_weight
 from ..build.routing import Router
 from ..core.config import train_config_from_json
 from ..core.errors import AnchorError, BankStateError, InputError
@@ -100,6 +101,7 @@ class Memories:
         min_relevance: float | None = None,
         anchor_mix: float | None = None,
         relevance_ramp: float | None = None,
+        lexical: float | None = None,
     ) -> None:
         if not 0 <= cache_mb <= MAX_CACHE_MB:  # NaN fails too
             raise InputError(f"--cache-mb is the block cache's size in MB, 0 to {MAX_CACHE_MB:,}; got {cache_mb}")
@@ -107,12 +109,16 @@ class Memories:
             raise InputError(f"--min-relevance is a cosine similarity floor in [0, 1] (0: off), got {min_relevance}")
         if anchor_mix is not None:
             check_mix(anchor_mix)
+        if lexical is not None:
+            check_weight(lexical)
         check_allow(allow)
         self.relevance_ramp = check_ramp(RELEVANCE_RAMP if relevance_ramp is None else relevance_ramp)
         self.home = home or memctl_home()
         self.reg = Registry.open(name, self.home)
         self.cfg = self.reg.config
         self.anchor_mix = check_mix(self.trained_mix() if anchor_mix is None else anchor_mix)
+        # the words' weight in `nearest` routing (memctl.build.lexical): the bank's, or this session's
+        self.lexical = self.cfg.lexical if lexical is None else lexical
         if self.reg.count("windows") == 0:
             raise BankStateError(f"bank {name!r} has no documents")
         self.embedder: Embedder = get_embedder(self.cfg.embedder)
@@ -183,13 +189,14 @@ class Memories:
         """The bank's routing rule (memctl.build.routing), its window index reloaded when the registry changes."""
         version = self.reg.version()
         if self._router is None or version != self._router_version:
-            self._router = Router.for_bank(self.reg, self.tree)
+            self._router = Router.for_bank(self.reg, self.tree, self.lexical)
             self._router_version = version
         return self._router
 
     def route(self, texts: Sequence[str]) -> np.ndarray:
         """(B,) texts -> (B, p) node index per level (no gate: every row gets a path)."""
-        return self.router.route(self.embedder.encode(list(texts)))
+        texts = list(texts)
+        return self.router.route(self.embedder.encode(texts), texts)
 
     def route_gated(self, texts: Sequence[str], *, judge: bool = True) -> Routed:
         """Embed and route `texts`, and ask the relevance gate about each row (`judge=False`: no
@@ -197,7 +204,7 @@ class Memories:
         texts = list(texts)
         if texts:
             x = self.embedder.encode(texts)
-            paths = self.router.route(x)
+            paths = self.router.route(x, texts)
         else:
             x, paths = np.zeros((0, self.tree.dim), np.float32), np.zeros((0, self.tree.p), np.int64)
         sims = self.router.similarity(x, paths)
@@ -284,5 +291,5 @@ class Memories:
     def retriever(self) -> Retriever:
         """Loaded on first use: RAG needs every window's embedding in memory."""
         if self._retriever is None:
-            self._retriever = Retriever(self.reg, self.allow)
+            self._retriever = Retriever(self.reg, self.allow, lexical=self.lexical)
         return self._retriever

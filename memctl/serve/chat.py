@@ -145,7 +145,7 @@ class Chat:
         text = message
         if st.rag:
             q = s.embedder.encode([message]) if routed != message else x
-            found = s.retriever.retrieve(q, r.gated)[0]  # a turn the gate left to the anchor retrieves nothing
+            found = s.retriever.retrieve(q, r.gated, [message])[0]  # a turn the gate left alone retrieves nothing
             if found is not None:
                 retrieved = found.to_dict()
                 text = with_context(found.text, message, s.anchor.tokenizer, s.rag_budget(message, st.max_new_tokens))

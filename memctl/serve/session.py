@@ -63,6 +63,7 @@ class BankSession(Memories):
         min_relevance: float | None = None,
         anchor_mix: float | None = None,
         relevance_ramp: float | None = None,
+        lexical: float | None = None,
     ) -> None:
         """`place`: the device and dtype the anchor is loaded to (memctl.core.placement); its blocks are
         served there too."""
@@ -77,6 +78,7 @@ class BankSession(Memories):
             min_relevance=min_relevance,
             anchor_mix=anchor_mix,
             relevance_ramp=relevance_ramp,
+            lexical=lexical,
         )
         try:
             self.anchor = anchor or load_anchor(self.cfg.anchor, self.home, place)
@@ -132,7 +134,7 @@ class BankSession(Memories):
             assert paths is not None
             if x is None:
                 x = self.embedder.encode(list(prompts))
-            found = self.retriever.retrieve(x, gate(paths, off) if off is not None else paths)  # gated: nothing
+            found = self.retriever.retrieve(x, gate(paths, off) if off is not None else paths, prompts)  # gated: none
             texts = [with_context(r.text, p, self.anchor.tokenizer, self.rag_budget(p, max_new_tokens)) if r else p
                      for p, r in zip(prompts, found, strict=True)]  # fmt: skip
         t_retrieve = time.perf_counter() - t1
@@ -196,6 +198,7 @@ def ask(
     min_relevance: float | None = None,
     anchor_mix: float | None = None,
     relevance_ramp: float | None = None,
+    lexical: float | None = None,
 ) -> dict[str, Any]:
     if not check_text(prompt, "the prompt").strip():
         raise InputError("the prompt is empty")
@@ -211,6 +214,7 @@ def ask(
         min_relevance=min_relevance,
         anchor_mix=anchor_mix,
         relevance_ramp=relevance_ramp,
+        lexical=lexical,
     ) as s:
         ans = s.generate([prompt], mode=mode, max_new_tokens=max_new_tokens, chat=chat, rag=rag)[0]
         return {
@@ -227,6 +231,7 @@ def ask(
             "unrelated": ans.unrelated,
             "anchor_mix": ans.anchor_mix,
             "relevance_ramp": s.relevance_ramp,
+            "lexical": s.lexical,
             "allow": sorted(allow) if allow is not None else None,
             "timings": ans.timings,
             "int8": int8,

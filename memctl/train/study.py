@@ -431,9 +431,8 @@ def _store(
             paths = [r["path"]] * len(made)
         else:
             embedder, tree = router
-            routed = route_prompts(
-                reg, embedder.encode([ct.seed.query for ct in conts]), [r["doc_id"]] * len(conts), tree
-            )
+            queries = [ct.seed.query for ct in conts]
+            routed = route_prompts(reg, embedder.encode(queries), [r["doc_id"]] * len(conts), tree, queries)
             paths = [",".join(map(str, path)) for path in routed]
         for m, path in zip(made, paths, strict=True):
             m["path"] = path
