@@ -148,6 +148,10 @@ def test_training_prompts_take_the_nearest_window_of_their_own_document(
     [
         (["--routing", "closest"], "--routing must be one of nearest, tree"),
         (["--bank", "b", "--routing", "tree"], "only apply when a bank is created"),
+        (["--lexical", "-1"], "--lexical must be between 0 and 10"),
+        (["--lexical", "nan"], "--lexical must be between 0 and 10"),
+        (["--lexical", "0.5", "--routing", "tree"], "--lexical weighs words in `nearest` routing"),
+        (["--bank", "b", "--lexical", "0.5"], "only apply when a bank is created"),
     ],
 )
 def test_bad_routing_is_one_line_and_changes_nothing(

@@ -18,7 +18,6 @@ Pure numeric code on texts; the registry read lives with the caller (memctl.buil
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,34 +34,34 @@ MAX_WEIGHT = 10.0
 
 @dataclass(frozen=True)
 class LexicalIndex:
-    """An inverted index of windows' content words, each posting weighted by its BM25 term score."""
+    """An inverted index of windows' content words: for word id t, postings indptr[t]:indptr[t + 1] hold
+    the windows that use it (`rows`) and its BM25 term score in each (`weights`)."""
 
     n: int  # windows
-    postings: dict[str, tuple[np.ndarray, np.ndarray]]  # word -> (window rows int64, BM25 weights float32)
+    vocab: dict[str, int]  # word -> id
+    indptr: np.ndarray  # (V + 1,) int64
+    rows: np.ndarray  # (postings,) int32, ascending within a word
+    weights: np.ndarray  # (postings,) float32
 
     @staticmethod
     def build(texts: Sequence[str]) -> LexicalIndex:
         words = [content_words(t) for t in texts]
         n = len(words)
-        lengths = np.array([len(w) for w in words], dtype=np.float64)
-        avg = float(lengths.mean()) if n and lengths.sum() else 1.0
-        rows: dict[str, list[int]] = {}
-        counts: dict[str, list[int]] = {}
-        for i, ws in enumerate(words):
-            tf: dict[str, int] = {}
-            for w in ws:
-                tf[w] = tf.get(w, 0) + 1
-            for w, c in tf.items():
-                rows.setdefault(w, []).append(i)
-                counts.setdefault(w, []).append(c)
-        norm = K1 * (1 - B + B * lengths / avg)  # (n,)
-        postings = {}
-        for w, r in rows.items():
-            idx = np.array(r, dtype=np.int64)
-            f = np.array(counts[w], dtype=np.float64)
-            idf = math.log(1 + (n - len(r) + 0.5) / (len(r) + 0.5))
-            postings[w] = (idx, (idf * f * (K1 + 1) / (f + norm[idx])).astype(np.float32))
-        return LexicalIndex(n, postings)
+        lengths = np.array([len(w) for w in words], dtype=np.int64)
+        vocab: dict[str, int] = {}
+        ids = np.fromiter((vocab.setdefault(w, len(vocab)) for ws in words for w in ws), np.int64, int(lengths.sum()))
+        if not vocab:
+            return LexicalIndex(n, {}, np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float32))
+        doc = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        # one posting per (word, window), sorted by word then window, with its count
+        pair, tf = np.unique(ids * n + doc, return_counts=True)
+        term, row = pair // n, pair % n
+        df = np.bincount(term, minlength=len(vocab))
+        idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
+        norm = K1 * (1 - B + B * lengths / max(float(lengths.mean()), 1e-9))
+        weights = idf[term] * tf * (K1 + 1) / (tf + norm[row])
+        indptr = np.concatenate([[0], np.cumsum(df)]).astype(np.int64)
+        return LexicalIndex(n, vocab, indptr, row.astype(np.int32), weights.astype(np.float32))
 
     def __len__(self) -> int:
         return self.n
@@ -71,9 +70,10 @@ class LexicalIndex:
         """(n,) float32: each window's BM25 score for the context `text` (each of its words once)."""
         out = np.zeros(self.n, dtype=np.float32)
         for w in set(content_words(text)):
-            found = self.postings.get(w)
-            if found is not None:
-                out[found[0]] += found[1]  # a word's postings name each window once
+            t = self.vocab.get(w)
+            if t is not None:
+                lo, hi = self.indptr[t], self.indptr[t + 1]
+                out[self.rows[lo:hi]] += self.weights[lo:hi]  # a word's postings name each window once
         return out
 
 
