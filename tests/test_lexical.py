@@ -10,7 +10,7 @@ import pytest
 from conftest import tree_digest
 from typer.testing import CliRunner
 
-from memctl.build.lexical import DEFAULT_WEIGHT, LexicalIndex, relative, top
+from memctl.build.lexical import DEFAULT_WEIGHT, LexicalIndex, relative, top, words
 from memctl.build.routing import Router, WindowIndex, route_prompts
 from memctl.cli import app
 from memctl.core.config import BankConfig
@@ -50,6 +50,17 @@ def test_bm25_scores_the_windows_that_share_a_contexts_rare_words() -> None:
     assert r.max() == 1.0 and r[2] == 1.0 and (r >= 0).all()
     assert not relative(np.zeros(4, np.float32)).any()
     assert top(s, 2).tolist() == [2, 0] and top(np.zeros(3, np.float32), 2).tolist() == []
+
+
+def test_a_date_in_any_form_gives_its_month_a_word() -> None:
+    """A question names the month ("in May 2023") of a ticket opened "2023-05-12"; "may" is a stop word."""
+    assert words("Opened: 2022-10-30 by ops") == ["opened", "2022", "10", "30", "ops", "month10"]
+    assert "month8" in words("on 5 August 2024.") and "month8" in words("Aug 2024")
+    assert words("in May 2023?") == ["2023", "month5"] and "month5" in words("May 12, 2023")
+    assert "month5" not in words("You may 3 times") and "month3" not in words("the march of 3 armies")
+    assert not any(w.startswith("month") for w in words("2023-13-01 build 2023-05-12x"))
+    lex = LexicalIndex.build(["Ticket opened 2023-05-12 for the Wulmex payroll.", "Wulmex payroll, 2023-09-02."])
+    assert int(np.argmax(lex.scores("Who fixed the Wulmex payroll in May 2023?"))) == 0
 
 
 def four_reports() -> tuple[Tree, np.ndarray, np.ndarray]:
