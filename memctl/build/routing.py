@@ -167,9 +167,8 @@ def route_prompts(
     for i, d in enumerate(docs):
         rows.setdefault(d, []).append(i)
     for doc, idx in rows.items():
-        found = reg.db.execute(
-            "select path, embedding, text from windows where doc_id = ? order by id", [doc]
-        ).fetchall()
+        sql = f"select path, embedding{', text' if weight > 0 else ''} from windows where doc_id = ? order by id"
+        found = reg.db.execute(sql, [doc]).fetchall()  # the words are read only where they weigh
         if not found:
             continue
         vecs, paths = _window_arrays(found)
