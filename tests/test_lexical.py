@@ -14,6 +14,7 @@ from memctl.build.lexical import DEFAULT_WEIGHT, LexicalIndex, relative, top, wo
 from memctl.build.routing import Router, WindowIndex, route_prompts
 from memctl.cli import app
 from memctl.core.config import BankConfig
+from memctl.core.errors import InputError
 from memctl.core.tree import Tree
 from memctl.registry import Registry
 
@@ -58,6 +59,7 @@ def test_a_date_in_any_form_gives_its_month_a_word() -> None:
     assert "month8" in words("on 5 August 2024.") and "month8" in words("Aug 2024")
     assert words("in May 2023?") == ["2023", "month5"] and "month5" in words("May 12, 2023")
     assert "month5" not in words("You may 3 times") and "month3" not in words("the march of 3 armies")
+    assert words("in may 2023?") == ["2023", "month5"] and "month3" in words("march 12, 2024")  # typed in a chat
     assert not any(w.startswith("month") for w in words("2023-13-01 build 2023-05-12x"))
     lex = LexicalIndex.build(["Ticket opened 2023-05-12 for the Wulmex payroll.", "Wulmex payroll, 2023-09-02."])
     assert int(np.argmax(lex.scores("Who fixed the Wulmex payroll in May 2023?"))) == 0
@@ -120,14 +122,25 @@ def test_new_banks_weigh_words_older_ones_read_the_cosine_and_sessions_may_choos
     old = json.loads(reg.config.to_json())
     del old["lexical"]
     assert BankConfig.from_json(json.dumps(old)).lexical == 0.0  # a bank made before: cosine alone
+    with pytest.raises(InputError, match="registry is damaged"):
+        BankConfig.from_json(json.dumps({**old, "lexical": float("inf")}))
     index = WindowIndex.from_registry(reg, reg.load_tree())
     assert index.lexical is not None and len(index.lexical) == reg.count("windows")
     assert WindowIndex.from_registry(reg, reg.load_tree(), lexical=0.0).lexical is None  # a session's override
+    # under --allow, the words of documents the session may not see weigh nothing (none carries the tag)
+    some = reg.db.execute("select text from windows limit 1").fetchone()[0]
+    assert index.lexical.scores(some).max() > 0
+    hidden = WindowIndex.from_registry(reg, reg.load_tree(), allow=frozenset({"public"})).lexical
+    assert hidden is not None and not hidden.scores(some).any()
     info = runner.invoke(app, ["info", "--bank", "b"])
     assert "words weigh 0.3" in info.output, info.output
     reg.close()
     assert tiny_bank(home, corpus, tiny_anchor, "--lexical", "0", name="c").config.lexical == 0.0
     assert tiny_bank(home, corpus, tiny_anchor, "--routing", "tree", name="t").config.lexical == 0.0
+    from memctl.serve.api import Memories
+
+    with Memories("t", home, lexical=0.5) as mem:  # a `tree` bank reads no words, whatever the session asks
+        assert mem.lexical == 0.0
 
 
 def test_a_training_prompt_weighs_words_among_its_own_documents_windows_only(
@@ -191,8 +204,10 @@ def test_rag_picks_its_window_in_the_leaf_by_the_same_score(home: Path, corpus: 
     path = np.array([[int(v) for v in a["path"].split(",")]])
     wide = 10_000  # every window of the subtree is a candidate: the search widens to level 1
     assert Retriever(reg, min_windows=wide).retrieve(x, path)[0].window_id == a["id"]  # no text: the cosine
-    found = Retriever(reg, min_windows=wide).retrieve(x, path, [b["text"]])[0]
+    question = " ".join(sorted(set(words(b["text"])) - set(words(a["text"])))[:3])  # a few of b's own words
+    assert question
+    found = Retriever(reg, min_windows=wide).retrieve(x, path, [question])[0]
     assert found.window_id == b["id"]  # its words point at b
     assert abs(found.score - float(eb @ x[0])) < 1e-5  # the score shown is still the cosine
-    assert Retriever(reg, min_windows=wide, lexical=0.0).retrieve(x, path, [b["text"]])[0].window_id == a["id"]
+    assert Retriever(reg, min_windows=wide, lexical=0.0).retrieve(x, path, [question])[0].window_id == a["id"]
     reg.close()

@@ -35,6 +35,8 @@ _MONTH_NAME = (
 )
 # a month's name next to a number ("12 May 2023", "May 12, 2023", "Aug 2024"), or an ISO date ("2023-05-12", "2023-05")
 _NAMED = re.compile(rf"(?<=\d )({_MONTH_NAME})(?![\w-])|(?<![\w-])({_MONTH_NAME})(?= \d)")
+# a lowercase name ("in may 2023", as typed in a chat) counts only before a year: "you may 3 times" is no date
+_LOWER = re.compile(rf"(?<![\w-])(?=[a-z])((?i:{_MONTH_NAME}))(?= (?:\d{{1,2}},? )?(?:19|20)\d\d(?!\d))")
 _ISO = re.compile(r"(?<![\w-])(?:19|20)\d\d-(0?[1-9]|1[0-2])(?:-\d\d?)?(?![\w-])")
 K1 = 1.2  # term-frequency saturation
 B = 0.75  # length normalisation
@@ -48,6 +50,7 @@ def words(text: str) -> list[str]:
     out = content_words(text)
     for m in _NAMED.finditer(text):
         out.append(f"month{_MONTHS.index((m.group(1) or m.group(2))[:3].lower()) + 1}")
+    out.extend(f"month{_MONTHS.index(m.group(1)[:3].lower()) + 1}" for m in _LOWER.finditer(text))
     out.extend(f"month{int(m.group(1))}" for m in _ISO.finditer(text))
     return out
 

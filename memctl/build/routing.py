@@ -37,6 +37,7 @@ import numpy as np
 from ..core.errors import InputError
 from ..core.relevance import NEAREST_SHARE, calibrate, leaf_similarity
 from ..core.tree import Tree, route, route_avoiding, route_beam
+from ..registry.access import doc_tags
 from .embed import Progress, get_embedder
 from .lexical import LexicalIndex, relative, top
 
@@ -83,14 +84,23 @@ class WindowIndex:
         return WindowIndex(np.ascontiguousarray(vecs[order]), paths[order], starts, lexical, weight)
 
     @staticmethod
-    def from_registry(reg: Registry, tree: Tree, lexical: float | None = None) -> WindowIndex:
+    def from_registry(
+        reg: Registry, tree: Tree, lexical: float | None = None, allow: frozenset[str] | None = None
+    ) -> WindowIndex:
+        """`lexical`: the words' weight (None: the bank's). `allow`: only the words of documents with one
+        of these tags count (a session under `--allow`): a word only a hidden document holds moves no route."""
         weight = reg.config.lexical if lexical is None else lexical
-        rows = reg.db.execute(f"select path, embedding{', text' if weight > 0 else ''} from windows").fetchall()
+        extra = ", text, doc_id" if weight > 0 else ""
+        rows = reg.db.execute(f"select path, embedding{extra} from windows").fetchall()
         if not rows:
             empty = np.zeros((0, tree.dim), np.float32)
             return WindowIndex.build(empty, np.zeros((0, tree.p), np.int64), len(tree.centroids[-1]))
         vecs, paths = _window_arrays(rows)
-        texts = [r[2] for r in rows] if weight > 0 else None
+        texts = None
+        if weight > 0:
+            tags = doc_tags(reg) if allow is not None else {}
+            seen = (lambda d: bool(tags.get(d, frozenset()) & allow)) if allow is not None else (lambda d: True)
+            texts = [r[2] if seen(r[3]) else "" for r in rows]
         return WindowIndex.build(vecs, paths, len(tree.centroids[-1]), texts, weight)
 
     def __len__(self) -> int:
@@ -156,7 +166,9 @@ def route_prompts(
     alone, as under greedy descent it depends on the fixed tree alone: forgetting another document never
     changes where this one's facts were trained, so a bank that forgot a document equals one that
     never held it. A question routed to its best window in the whole bank meets the same leaf whenever
-    that window is the document's."""
+    that window is the document's; in a document of several windows, the words may pick another of
+    its windows for a question than for the prompt with the same text, since a question's words are
+    weighed by their rarity in the bank and a prompt's by their rarity in its document."""
     x = np.asarray(x, dtype=np.float32)
     tree = tree if tree is not None else reg.load_tree()
     if reg.config.routing != "nearest":
@@ -226,11 +238,14 @@ class Router:
         self.index = index
 
     @staticmethod
-    def for_bank(reg: Registry, tree: Tree | None = None, lexical: float | None = None) -> Router:
-        """`lexical`: the words' weight in `nearest` routing (None: the bank's own)."""
+    def for_bank(
+        reg: Registry, tree: Tree | None = None, lexical: float | None = None, allow: frozenset[str] | None = None
+    ) -> Router:
+        """`lexical`: the words' weight in `nearest` routing (None: the bank's own); `allow`: the session's
+        access tags, whose hidden documents' words weigh nothing (WindowIndex.from_registry)."""
         tree = tree if tree is not None else reg.load_tree()
         routing = reg.config.routing
-        index = WindowIndex.from_registry(reg, tree, lexical) if routing == "nearest" else None
+        index = WindowIndex.from_registry(reg, tree, lexical, allow) if routing == "nearest" else None
         return Router(tree, routing, index)
 
     def _nearest_ready(self) -> bool:

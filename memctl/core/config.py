@@ -222,8 +222,19 @@ class BankConfig:
             seed=d.get("seed", 0),
             extra=d.get("extra", {}),
             routing=d.get("routing", "tree"),
-            lexical=float(d.get("lexical", 0.0)),
+            lexical=_lexical_weight(d.get("lexical", 0.0)),
         )
+
+
+def _lexical_weight(value: Any) -> float:
+    """A stored words' weight (memctl.build.lexical): a bank whose config holds another is damaged."""
+    try:
+        weight = float(value)
+    except (TypeError, ValueError):
+        weight = math.nan
+    if not 0 <= weight <= 10:  # NaN fails too; 10: memctl.build.lexical.MAX_WEIGHT
+        raise InputError(f"the bank's config holds a lexical weight of {value!r}, not 0 to 10: the registry is damaged")
+    return weight
 
 
 def train_config_from_json(text: str) -> TrainConfig:

@@ -118,7 +118,8 @@ class Memories:
         self.cfg = self.reg.config
         self.anchor_mix = check_mix(self.trained_mix() if anchor_mix is None else anchor_mix)
         # the words' weight in `nearest` routing (memctl.build.lexical): the bank's, or this session's
-        self.lexical = self.cfg.lexical if lexical is None else lexical
+        own = self.cfg.lexical if lexical is None else lexical
+        self.lexical = own if self.cfg.routing == "nearest" else 0.0  # a `tree` bank reads no words
         if self.reg.count("windows") == 0:
             raise BankStateError(f"bank {name!r} has no documents")
         self.embedder: Embedder = get_embedder(self.cfg.embedder)
@@ -189,7 +190,7 @@ class Memories:
         """The bank's routing rule (memctl.build.routing), its window index reloaded when the registry changes."""
         version = self.reg.version()
         if self._router is None or version != self._router_version:
-            self._router = Router.for_bank(self.reg, self.tree, self.lexical)
+            self._router = Router.for_bank(self.reg, self.tree, self.lexical, self.allow)
             self._router_version = version
         return self._router
 

@@ -107,7 +107,8 @@ class Retriever:
                     cosine = self.vecs[cand] @ q
                     scores = cosine
                     if self.lexical is not None and texts is not None:
-                        scores = cosine + self.weight * relative(self.lexical.scores(texts[i])[cand])
+                        # relative to the best window it may serve, as the route is to the bank's best
+                        scores = cosine + self.weight * relative(self.lexical.scores(texts[i]))[cand]
                     j = int(np.flatnonzero(scores == scores.max())[0])  # lowest id among ties
                     found = (int(cand[j]), float(cosine[j]), block_id(depth, int(path[depth - 1])), p - depth)
                     break
