@@ -35,7 +35,7 @@ lower bound; each setup's accuracy on the probes routed into their document's le
 
     python benchmarks/corpora.py [--corpora elements,fictional,foldoc,registers,incidents]
         [--variants cloze,study2echo4] [--subtree N] [--routing nearest|tree] [--memory-layers all|last:N]
-        [--ranks R1,R2] [--window N]
+        [--ranks R1,R2] [--tree K,P] [--window N]
         [--train-args "..."] [--eval-args "--anchor-mix 0.5"]
         [--entities 300] [--incidents 200] [--limit N] [--out demo-out/corpora] [--fresh] [--no-baseline]
 
@@ -174,6 +174,7 @@ def prepare_base(
     layers: str,
     ranks: str = "",
     window: int | None = None,
+    tree: str = "",
 ) -> dict[str, float]:
     """A bank ingested once per corpus, with its cloze prompts, their teacher cache and the preservation
     pool: what every variant shares, made once (variants copy it). Returns seconds per step."""
@@ -190,7 +191,7 @@ def prepare_base(
     t0 = time.perf_counter()
     memctl(env, log, "ingest", str(data / CORPORA[corpus][1]), "--id-field", "id", "--bank", corpus,
            "--memory-layers", layers, "--routing", routing, *(["--ranks", ranks] if ranks else []),
-           *(["--window", str(window)] if window else []))  # fmt: skip
+           *(["--window", str(window)] if window else []), *(["--tree", tree] if tree else []))  # fmt: skip
     ingest_s = time.perf_counter() - t0
     from memctl.cli.common import Rates
     from memctl.registry import Registry
@@ -378,6 +379,7 @@ def main() -> None:
         "--ranks", default="", help="the banks' memory neurons per level (ingest --ranks; default: memctl's)"
     )
     ap.add_argument("--window", type=int, default=None, help="the banks' window (ingest --window; default: memctl's)")
+    ap.add_argument("--tree", default="", help="the banks' tree, K,P (ingest --tree; default: by corpus size)")
     ap.add_argument("--train-args", default="", help="more `memctl train` options for every variant, quoted")
     ap.add_argument(
         "--eval-args",
@@ -421,13 +423,14 @@ def main() -> None:
         extra = a.train_args.split()
         if "--preserve-pool" in extra:
             pool = int(extra[extra.index("--preserve-pool") + 1])
-        base = base_home(out, corpus, a.routing, pool, a.memory_layers, a.ranks, a.window)
+        base = base_home(out, corpus, a.routing, pool, a.memory_layers, a.ranks, a.window, a.tree)
         for variant in variants:
             key = f"{corpus}/{variant}/{a.routing}" + (f"/subtree{a.subtree}" if a.subtree is not None else "")
             key += f" {a.train_args}" if a.train_args else ""
             key += f" --memory-layers {a.memory_layers}" if a.memory_layers != "last:10" else ""
             key += f" --ranks {a.ranks}" if a.ranks else ""
             key += f" --window {a.window}" if a.window else ""
+            key += f" --tree {a.tree}" if a.tree else ""
             home = out / "homes" / key.replace("/", "-").replace(" ", "")
             trained = rows.get(key) if a.eval_args and (home / "banks" / corpus).is_dir() else None
             key += f" eval {a.eval_args}" if a.eval_args else ""
@@ -436,7 +439,7 @@ def main() -> None:
                 continue
             console.rule(key)
             t0 = time.perf_counter()
-            shared = prepare_base(corpus, data, base, log, pool, a.routing, a.memory_layers, a.ranks, a.window)
+            shared = prepare_base(corpus, data, base, log, pool, a.routing, a.memory_layers, a.ranks, a.window, a.tree)
             rows[key] = score(corpus, variant, base, data, home, log, a.subtree, a.limit, a.train_args.split(),
                               a.eval_args.split(), trained)  # fmt: skip
             rows[key]["seconds"].update({f"shared_{k}": v for k, v in shared.items()})
@@ -444,6 +447,7 @@ def main() -> None:
             rows[key]["commit"] = commit()
             rows[key]["memory_layers"] = a.memory_layers
             rows[key]["ranks"] = a.ranks or "default"
+            rows[key]["tree"] = a.tree or "default"
             rows[key]["baseline"] = baseline
             rows[key]["time_vs_baseline"] = time_baseline.ratio(rows[key], baseline)
             state_file.write_text(json.dumps(rows, indent=2))
@@ -453,13 +457,21 @@ def main() -> None:
 
 
 def base_home(
-    out: Path, corpus: str, routing: str, pool: int, layers: str, ranks: str = "", window: int | None = None
+    out: Path,
+    corpus: str,
+    routing: str,
+    pool: int,
+    layers: str,
+    ranks: str = "",
+    window: int | None = None,
+    tree: str = "",
 ) -> Path:
     """Where a corpus's base bank for these ingest settings lives: one per corpus and shape, shared by its variants
     (and, for elements' last-10 bank, by the time baseline)."""
     shape = "" if layers == "last:10" else f"-layers{layers.replace(':', '')}"
     shape += f"-ranks{ranks.replace(',', '-')}" if ranks else ""
     shape += f"-window{window}" if window else ""
+    shape += f"-tree{tree.replace(',', 'x')}" if tree else ""
     return out / "homes" / f"{corpus}-{routing}-base-pool{pool}{shape}"
 
 

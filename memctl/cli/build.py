@@ -201,6 +201,22 @@ def train(
             "its own; none for an anchor without a chat template)."
         ),
     ] = None,
+    echo_kinds: Annotated[
+        int | None,
+        typer.Option(
+            help="Cloze answers per window asked by the words after them that say what they are, of the window's "
+            "subject alone ('<subject>: how many minutes?', '<subject>: which data centre?'): a second key for a "
+            "fact besides its statement's wording (distill and mix; default 0: off; a trained bank keeps its own)."
+        ),
+    ] = None,
+    echo_answer: Annotated[
+        float | None,
+        typer.Option(
+            help="The answer's share (0 to 1) in the targets of echo and kind questions, beside the open-book "
+            "teacher's distribution, which a small anchor rarely opens with the answer (default 0: the teacher's "
+            "alone; a trained bank keeps its own)."
+        ),
+    ] = None,
     study: Annotated[
         int | None,
         typer.Option(
@@ -322,6 +338,8 @@ def train(
         "preserve_by": preserve_by,
         "questions": questions,
         "echo": echo,
+        "echo_kinds": echo_kinds,
+        "echo_answer": echo_answer,
         "study": study,
         "study_per_epoch": study_per_epoch,
         "retire": retire,

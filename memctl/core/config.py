@@ -115,6 +115,12 @@ class TrainConfig:
     # took foldoc's question-form probes from 36% to 91% of open book (docs/corpora.md); an anchor without a
     # chat template, and objective lm, train without them
     echo: int = 4
+    # cloze answers per window asked by their kind, of the window's subject alone ("<S>: how many minutes?",
+    # "<S>: which data centre?"; memctl.train.echo); 0: off
+    echo_kinds: int = 0
+    # the answer's share in echo and kind questions' targets, beside the teacher's distribution
+    # (memctl.train.answershare); 0: the teacher's alone
+    echo_answer: float = 0.0
     # self-study continuations per window sampled by the open-book teacher (memctl.train.study); 0: off. Two
     # scored at least as well as cloze prompts alone on all three corpora of benchmarks/corpora.py (docs/corpora.md)
     study: int = 2
@@ -166,6 +172,12 @@ class TrainConfig:
             raise InputError(f"--questions must be between 0 and {MAX_QUESTIONS}, got {self.questions}")
         if not 0 <= self.echo <= MAX_ECHO:
             raise InputError(f"--echo must be between 0 and {MAX_ECHO}, got {self.echo}")
+        if not 0 <= self.echo_kinds <= MAX_ECHO:
+            raise InputError(f"--echo-kinds must be between 0 and {MAX_ECHO}, got {self.echo_kinds}")
+        if not 0 <= self.echo_answer <= 1:  # NaN fails too
+            raise InputError(f"--echo-answer must be a share between 0 and 1, got {self.echo_answer}")
+        if self.echo_kinds > 0 and self.objective == "lm":
+            raise InputError("--echo-kinds needs --objective distill or mix: kind questions are distilled")
         if self.echo > 0 and self.objective == "lm":
             raise InputError("--echo needs --objective distill or mix: echo questions are distilled from the teacher")
         if not 0 <= self.study <= MAX_STUDY:
@@ -247,6 +259,8 @@ def train_config_from_json(text: str) -> TrainConfig:
     # them, so that retraining (forget, stale blocks) repeats how the bank was trained
     d.setdefault("questions", 0)
     d.setdefault("echo", 0)
+    d.setdefault("echo_kinds", 0)
+    d.setdefault("echo_answer", 0.0)
     d.setdefault("study", 0)
     d.setdefault("study_per_epoch", 0)
     d.setdefault("retire", 0)

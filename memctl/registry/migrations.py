@@ -208,6 +208,11 @@ def _m012_rules_checked(db: sqlite_utils.Database) -> None:
     db["windows"].add_column("rules_checked", int, not_null_default=0)
 
 
+def _m013_echo_kinds(db: sqlite_utils.Database) -> None:
+    """How many kind questions each window was asked for (memctl.train.echo, `train --echo-kinds`): 0 = none."""
+    db["windows"].add_column("echo_kinds", int, not_null_default=0)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_prompts,
@@ -221,6 +226,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m010_run_dtype,
     _m011_echo,
     _m012_rules_checked,
+    _m013_echo_kinds,
 ]
 
 

@@ -21,7 +21,8 @@ from ..model.anchor import Anchor
 from ..model.mix import mixed_logprobs
 from ..model.prefix import CACHE_BYTES, layer_outputs, logits_at, prefix_states, suffix_matches
 from ..registry import Registry
-from .kinds import RULE_KINDS, STUDY, untrained_kinds
+from .answershare import with_answer
+from .kinds import ECHO, RULE_KINDS, STUDY, untrained_kinds
 from .units import GENERIC
 
 
@@ -131,13 +132,20 @@ def _left_out(questions: bool, study: bool, echo: bool = False) -> str:
 
 
 def prompt_samples(
-    reg: Registry, unit: str, questions: bool = False, study: bool = False, hidden: bool = False, echo: bool = False
+    reg: Registry,
+    unit: str,
+    questions: bool = False,
+    study: bool = False,
+    hidden: bool = False,
+    echo: bool = False,
+    echo_answer: float = 0.0,
 ) -> list[Sample]:
     """Trained (not held-out) prompts of a unit: on the prompt's own route when it lies in the unit,
     and on its window's route when that lies in the unit and differs (both paths are trained).
     Anchor-written questions (memctl.train.questions) only with `questions`, self-study continuations
     (memctl.train.study) only with `study`, echo questions (memctl.train.echo) only with `echo`; with
-    `hidden`, the teacher's hidden states where stored."""
+    `hidden`, the teacher's hidden states where stored; `echo_answer`, the answer's share in echo questions'
+    targets (memctl.train.answershare)."""
     sql = (
         "select p.id, p.doc_id, p.window_id, p.kind, p.ids, p.n_prompt, p.topk_idx, p.topk_logp, p.path, "
         "w.path as wpath"
@@ -157,6 +165,8 @@ def prompt_samples(
         ids = np.frombuffer(r["ids"], dtype=np.int32).tolist()
         n_pos = len(ids) - r["n_prompt"] + 1  # each answer token, and the one after
         idx, logp = _teacher(r, n_pos)
+        if r["kind"] == ECHO:
+            idx, logp = with_answer(idx, logp, ids[r["n_prompt"] :], echo_answer)
         hid = None
         if hidden and r["hidden"] is not None:
             flat = np.frombuffer(r["hidden"], dtype=np.float16)
@@ -261,6 +271,7 @@ def load_samples(
     study: bool = False,
     hidden: bool = False,
     echo: bool = False,
+    echo_answer: float = 0.0,
 ) -> list[Sample]:
     """The unit's samples for an objective: lm = windows, distill = prompts, mix = both. Under
     distill, a window that yields no prompt (nothing salient to ask about) is learned next-token.
@@ -273,7 +284,7 @@ def load_samples(
         sql = "select distinct window_id from prompts p where 1 = 1" + _left_out(questions, study, echo)
         prompted = {f"w{r['window_id']}" for r in reg.db.query(sql)}
         windows = [w for w in windows if w.key not in prompted]
-    return windows + prompt_samples(reg, unit, questions, study, hidden, echo)
+    return windows + prompt_samples(reg, unit, questions, study, hidden, echo, echo_answer)
 
 
 def unit_seed(seed: int, unit: str) -> list[int]:

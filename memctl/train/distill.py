@@ -233,6 +233,7 @@ def prepare(
     study_hidden: bool = False,
     study_grounded: bool = False,
     echo: int = 0,
+    echo_kinds: int = 0,
 ) -> PrepareReport:
     """Cloze prompts, anchor-written questions (`questions` per window), echo questions (`echo` per window:
     memctl.train.echo) and self-study continuations (`study` per window; the last three for the windows
@@ -244,7 +245,7 @@ def prepare(
     added = generate_prompts(reg, progress)
     l1s = None if units is None or "generic" in units else [int(u) for u in units]
     added += add_questions(reg, anchor, questions, progress, l1s)
-    added += add_echo(reg, anchor.tokenizer, echo, l1s)
+    added += add_echo(reg, anchor.tokenizer, echo, l1s, echo_kinds)
     studied, study_seconds = add_study(
         reg, anchor, study, TEACHER_SEPARATOR, progress, l1s, study_hidden, grounded=study_grounded
     )
@@ -253,8 +254,8 @@ def prepare(
     row = reg.db.execute(
         "select avg(p.path != w.path), avg(p.l1 != w.l1) from prompts p join windows w on w.id = p.window_id"
     ).fetchone()
-    cov = bank_coverage(reg, questions=questions > 0, study=study > 0, echo=echo > 0).to_dict()
-    notes = () if echo <= 0 or has_chat_template(anchor.tokenizer) else (NO_ECHO,)
+    cov = bank_coverage(reg, questions=questions > 0, study=study > 0, echo=echo + echo_kinds > 0).to_dict()
+    notes = () if echo + echo_kinds <= 0 or has_chat_template(anchor.tokenizer) else (NO_ECHO,)
     return PrepareReport(
         added, total, float(row[0] or 0.0), float(row[1] or 0.0), seconds, studied, study_seconds, cov, notes
     )

@@ -22,6 +22,16 @@ and 7). Echo prompts are rows of the prompts table with their window and documen
 `forget` removes them with the document, and they derive from the window's own cloze prompts alone, so
 forgetting another document never changes them. `reprompt` drops them with the cloze prompts they
 came from.
+
+A *kind question* (`train --echo-kinds N`) asks a cloze's answer by the words after it that say what it is
+("... restored, 339 minutes after" -> "how many minutes?", "served from the Jorvasse data centre." -> "which
+data centre?"), put to the window's subject alone: "INC-1770 timeline (Harvion gateway, August 12, 2024):
+how many minutes?". The memories tie a fact to the words just before it in its training prompts, and the
+subject beside them: a probe that names the subject in other words ("How many minutes was the Harvion gateway
+down?") misses a figure learned after "Service restored," (docs/corpora.md). A kind question gives the
+answer a second key, the subject and the answer's own kind, with none of the statement's other words. The
+rule is one of English, not of a corpus's style: a number followed by a plural noun or a unit, or a name by a
+short noun phrase that ends its clause, is a count or an instance of that noun.
 """
 
 from __future__ import annotations
@@ -31,10 +41,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..build.routing import route_rows
+from ..core.words import STOP_WORDS
 from ..model.anchor import has_chat_template
 from ..registry import Registry
 from .kinds import ECHO, replace_kind
+from .leads import topic, window_leads
 from .prompts import joins_without_space
+from .sections import subjects, window_openings
 from .sentences import DAY as _DAY
 from .study import chat_turn
 
@@ -140,24 +153,149 @@ def pick_statements(clozes: Sequence[tuple[str, str]], n: int) -> list[int]:
     return picked
 
 
-def add_echo(reg: Registry, tokenizer: Any, per_window: int, l1s: Sequence[int] | None = None) -> int:
-    """Echo questions for every window last echoed with another count than `per_window` (its earlier ones
-    are replaced); with `l1s`, only the windows of those level-1 subtrees. Each is routed from the question
-    alone to the nearest window of its own document, and trained, never held out. None for an anchor without a
-    chat template (the prepare report says so). Returns how many."""
-    if per_window <= 0 or not has_chat_template(tokenizer):
+# what follows an answer and names its kind: one or two lowercase words that end the clause ("data centre.",
+# "min" at a line's end), or, after a number, one plural word ("minutes after the alert")
+_KIND_ENDS = re.compile(r"[ \t]+([a-z][a-z-]*[a-z])(?:[ \t]+([a-z][a-z-]*[a-z]))?(?=[ \t]*(?:[,.;:!?)]|\n|$))")
+_KIND_PLURAL = re.compile(r"[ \t]+([a-z][a-z-]*[a-z]s)(?![\w-])")
+_NUMBER = re.compile(r"\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?")
+_COUNTED = re.compile(r"(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s+([a-z][a-z-]*[a-z])")  # a field's "97 min"
+TAIL_WORDS = 3  # the statement's last words that find its answer in the window
+
+
+# words after an answer that name no kind of it: conjunctions and adverbs no stop list holds, a citation's
+# "et al", the words of a number ("20 million")
+_NO_KIND = frozenset(
+    "whereas whilst though although ever even et al etc thus hence million billion thousand hundred dozen".split()
+)
+
+
+def _kind_words(words: Sequence[str | None]) -> str | None:
+    """The kind a few words name, or None where one is a stop word or reads as a verb or an adverb."""
+    kept = [w for w in words if w]
+    if not kept or any(w in STOP_WORDS or w in _NO_KIND or w.endswith(("ed", "ly", "ing")) for w in kept):
+        return None
+    return " ".join(kept)
+
+
+def kind_ask(answer: str, after: str) -> str | None:
+    """How a question asks for `answer` by its kind, read from the text right `after` it in its window:
+    "how many minutes?" for a number before "minutes after ...", "which data centre?" for a name before
+    "data centre."; None where the words after say no kind (a verb, a year, a clause that goes on)."""
+    answer = answer.strip()
+    counted = _COUNTED.fullmatch(answer)
+    if counted:  # the value of a field, "97 min": its own unit
+        kind = _kind_words([counted.group(2)])
+        return f"how many {kind}?" if kind else None
+    if _NUMBER.fullmatch(answer):
+        if _YEAR.match(answer):
+            return None  # a year is a time, asked "when?"
+        m = _KIND_ENDS.match(after)
+        kind = _kind_words(m.groups()) if m else None
+        if kind is None:
+            plural = _KIND_PLURAL.match(after)
+            kind = _kind_words([plural.group(1)]) if plural else None
+        return f"how many {kind}?" if kind else None
+    if answer[:1].isupper():
+        m = _KIND_ENDS.match(after)
+        kind = _kind_words(m.groups()) if m else None
+        return f"which {kind}?" if kind else None
+    return None
+
+
+def _after(window: str, statement: str, answer: str) -> str | None:
+    """The window's text right after the answer where the statement's last words lead to it (the last
+    TAIL_WORDS, or fewer where the statement's subject or a pronoun put in its place stands among them), or
+    None."""
+    words = statement.split()
+    for n in range(min(TAIL_WORDS, len(words)), 0, -1):
+        lead_in = r"\s+".join(re.escape(w) for w in words[-n:])
+        m = re.search(lead_in + r"\s*\(?\s*" + re.escape(answer.strip()) + r"(?![\w])", window, re.IGNORECASE)
+        if m:
+            return window[m.end() :]
+    return None
+
+
+def _gives(text: str, answer: str) -> bool:
+    return re.search(rf"(?<![\w]){re.escape(answer.strip())}(?![\w])", text, re.IGNORECASE) is not None
+
+
+def kind_subject(statement: str, answer: str, candidates: Sequence[str], lead: str) -> str | None:
+    """Whom a kind question names: the longest of the window's subjects (`candidates`: its title, its
+    sections' names) that the statement names; a title given with its document's `lead` ("INC-1770 timeline
+    (Harvion gateway, ...)") keeps the lead's comma-separated parts that do not give the answer away."""
+    named = [c for c in candidates if c and c.lower() in statement.lower()]
+    if not named:
+        return None
+    subject = max(named, key=len)
+    if lead and subject == candidates[0]:
+        kept = ", ".join(p for p in lead.split(", ") if not _gives(p, answer))
+        subject = topic(subject, kept)
+    return None if _gives(subject, answer) else subject
+
+
+def kind_questions(
+    window: str, clozes: Sequence[tuple[str, str]], candidates: Sequence[str], lead: str, n: int
+) -> list[tuple[str, str]]:
+    """Up to `n` kind questions (question, answer) of a window's cloze prompts (statement, answer), in
+    `pick_statements` order; a question asked of two answers in one window is dropped (it has none)."""
+    found: dict[str, set[str]] = {}
+    order: list[str] = []
+    for i in pick_statements(clozes, len(clozes)):
+        statement, answer = clozes[i]
+        after = _after(window, statement, answer)
+        ask = kind_ask(answer, after) if after is not None else None
+        subject = kind_subject(statement, answer, candidates, lead) if ask else None
+        if ask and subject:
+            q = f"{subject}: {ask}"
+            if q not in found:
+                order.append(q)
+            found.setdefault(q, set()).add(answer.strip())
+    return [(q, next(iter(found[q]))) for q in order if len(found[q]) == 1][:n]
+
+
+def add_echo(reg: Registry, tokenizer: Any, per_window: int, l1s: Sequence[int] | None = None, kinds: int = 0) -> int:
+    """Echo questions (`per_window`) and kind questions (`kinds` per window) for every window last echoed
+    with other counts (its earlier ones are replaced); with `l1s`, only the windows of those level-1
+    subtrees. Each is routed from the question alone to the nearest window of its own document, and trained,
+    never held out. None for an anchor without a chat template (the prepare report says so). Returns how many."""
+    if (per_window <= 0 and kinds <= 0) or not has_chat_template(tokenizer):
         return 0
     only = f" and l1 in ({','.join(str(int(x)) for x in l1s)})" if l1s is not None else ""
-    windows = [
-        int(r[0])
-        for r in reg.db.execute(
-            f"select id from windows where prompted = 1 and echoed != ?{only} order by id", [per_window]
+    rows_w = list(
+        reg.db.query(
+            "select w.id, w.doc_id, w.text, d.title from windows w join documents d on d.id = w.doc_id "
+            f"where w.prompted = 1 and (w.echoed != ? or w.echo_kinds != ?){only.replace('l1', 'w.l1')} "
+            "order by w.id",
+            [per_window, kinds],
         )
-    ]
+    )
+    windows = [int(r["id"]) for r in rows_w]
     if not windows:
         return 0
+    about: dict[int, tuple[str, list[str], str]] = {}  # window: its text, its subjects, its document's lead
+    if kinds > 0:
+        docs = {r["doc_id"] for r in rows_w}
+        starts, leads = window_openings(reg, docs), window_leads(reg, docs)
+        for r in rows_w:
+            w, title, start = int(r["id"]), r["title"] or "", starts[int(r["id"])]
+            names = [title] + [x for x in subjects(r["text"], title, start is not None, start or "") if x != title]
+            about[w] = (r["text"], names, leads[w])
     made: list[dict[str, Any]] = []
     bare: list[str] = []
+
+    def add(r: dict[str, Any], q: str, said: str) -> None:
+        made.append(
+            {
+                "window_id": r["window_id"],
+                "doc_id": r["doc_id"],
+                "kind": ECHO,
+                "text": chat_turn(tokenizer, q),
+                "answer": said,
+                "held_out": 0,
+            }
+        )
+        bare.append(q)
+
     for s in range(0, len(windows), 500):
         chunk = windows[s : s + 500]
         marks = ",".join("?" * len(chunk))
@@ -168,21 +306,19 @@ def add_echo(reg: Registry, tokenizer: Any, per_window: int, l1s: Sequence[int] 
             chunk,
         ):
             by_window.setdefault(int(r["window_id"]), []).append(r)
-        for rows in by_window.values():
-            for i in pick_statements([(r["text"], r["answer"]) for r in rows], per_window):
-                r = rows[i]
-                q, said = echo_pair(r["text"], r["answer"])
-                made.append(
-                    {
-                        "window_id": r["window_id"],
-                        "doc_id": r["doc_id"],
-                        "kind": ECHO,
-                        "text": chat_turn(tokenizer, q),
-                        "answer": said,
-                        "held_out": 0,
-                    }
-                )
-                bare.append(q)
+        for w, rows in by_window.items():
+            clozes = [(r["text"], r["answer"]) for r in rows]
+            for i in pick_statements(clozes, per_window):
+                add(rows[i], *echo_pair(*clozes[i]))
+            if kinds > 0:
+                text, names, lead = about[w]
+                for q, said in kind_questions(text, clozes, names, lead, kinds):
+                    add(rows[0], q, said)
     route_rows(reg, made, bare)
-    replace_kind(reg, ECHO, windows, "echoed", per_window, made)
+    with reg.db.atomic():  # the questions and both counts, or none of them
+        replace_kind(reg, ECHO, windows, "echoed", per_window, made)
+        for s in range(0, len(windows), 500):
+            chunk = windows[s : s + 500]
+            marks = ",".join("?" * len(chunk))
+            reg.db.execute(f"update windows set echo_kinds = ? where id in ({marks})", [kinds, *chunk])
     return len(made)

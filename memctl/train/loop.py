@@ -102,7 +102,8 @@ def train_unit(
             questions=tcfg.questions > 0,
             study=tcfg.study > 0,
             hidden=tcfg.match_hidden > 0,
-            echo=tcfg.echo > 0,
+            echo=tcfg.echo + tcfg.echo_kinds > 0,
+            echo_answer=tcfg.echo_answer,
         )
         if s.doc_id not in exclude
     ]
@@ -412,7 +413,16 @@ def prepare_training(
         generate_prompts(reg, stage)
     else:
         report = prepare(
-            reg, anchor, stage, tcfg.questions, tcfg.study, todo, tcfg.match_hidden > 0, tcfg.ground_study, tcfg.echo
+            reg,
+            anchor,
+            stage,
+            tcfg.questions,
+            tcfg.study,
+            todo,
+            tcfg.match_hidden > 0,
+            tcfg.ground_study,
+            tcfg.echo,
+            tcfg.echo_kinds,
         )
     if tcfg.preserve > 0:
         prepare_pool(reg, anchor, stage, tcfg.preserve_pool)

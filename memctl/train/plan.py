@@ -80,5 +80,7 @@ def _resolve_config(reg: Registry, overrides: dict[str, Any], place: Placement) 
     tcfg = dataclasses.replace(base, **overrides)
     if tcfg.objective == "lm" and "echo" not in overrides:  # echo questions are distilled: none unless asked for
         tcfg = dataclasses.replace(tcfg, echo=0)
+    if tcfg.objective == "lm" and "echo_kinds" not in overrides:
+        tcfg = dataclasses.replace(tcfg, echo_kinds=0)
     tcfg.validate()
     return tcfg
