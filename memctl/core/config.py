@@ -147,6 +147,11 @@ class TrainConfig:
     # +2.4% and +2.6% for units that started over, docs/corpora.md, so it is off by default)
     on_drift: str = "restart"
 
+    @property
+    def echoes(self) -> bool:
+        """Whether the run trains echo rows: echo questions, kind questions or both (memctl.train.echo)."""
+        return self.echo + self.echo_kinds > 0
+
     def validate(self) -> None:
         if not 1 <= self.epochs <= MAX_EPOCHS:
             raise InputError(f"--epochs must be between 1 and {MAX_EPOCHS:,}, got {self.epochs}")

@@ -113,6 +113,6 @@ def coverage_report(reg: Registry, runs: list[dict[str, Any]] | None = None) -> 
         questions=bool(tcfg and tcfg.questions),
         study=bool(tcfg and tcfg.study),
         sample=COVERAGE_SAMPLE,
-        echo=bool(tcfg and tcfg.echo + tcfg.echo_kinds),
+        echo=bool(tcfg and tcfg.echoes),
     )
     return cov.to_dict()

@@ -153,7 +153,7 @@ def add_questions(
         if progress:
             progress("answers", i + 1, len(rows))
     route_rows(reg, made, bare)
-    replace_kind(reg, QUESTION, [r["id"] for r in rows], "questioned", per_window, made)
+    replace_kind(reg, QUESTION, [r["id"] for r in rows], {"questioned": per_window}, made)
     return len(made)
 
 

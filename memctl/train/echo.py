@@ -46,7 +46,7 @@ from ..model.anchor import has_chat_template
 from ..registry import Registry
 from .kinds import ECHO, replace_kind
 from .leads import topic, window_leads
-from .prompts import joins_without_space
+from .prompts import gives, joins_without_space
 from .sections import subjects, window_openings
 from .sentences import DAY as _DAY
 from .study import chat_turn
@@ -158,7 +158,7 @@ def pick_statements(clozes: Sequence[tuple[str, str]], n: int) -> list[int]:
 _KIND_ENDS = re.compile(r"[ \t]+([a-z][a-z-]*[a-z])(?:[ \t]+([a-z][a-z-]*[a-z]))?(?=[ \t]*(?:[,.;:!?)]|\n|$))")
 _KIND_PLURAL = re.compile(r"[ \t]+([a-z][a-z-]*[a-z]s)(?![\w-])")
 _NUMBER = re.compile(r"\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?")
-_COUNTED = re.compile(r"(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s+([a-z][a-z-]*[a-z])")  # a field's "97 min"
+_COUNTED = re.compile(rf"({_NUMBER.pattern})\s+([a-z][a-z-]*[a-z])")  # a field's value: "97 min"
 TAIL_WORDS = 3  # the statement's last words that find its answer in the window
 
 
@@ -186,18 +186,16 @@ def kind_ask(answer: str, after: str) -> str | None:
     if counted:  # the value of a field, "97 min": its own unit
         kind = _kind_words([counted.group(2)])
         return f"how many {kind}?" if kind else None
+    ends = _KIND_ENDS.match(after)
+    kind = _kind_words(ends.groups()) if ends else None
     if _NUMBER.fullmatch(answer):
         if _YEAR.match(answer):
             return None  # a year is a time, asked "when?"
-        m = _KIND_ENDS.match(after)
-        kind = _kind_words(m.groups()) if m else None
         if kind is None:
             plural = _KIND_PLURAL.match(after)
             kind = _kind_words([plural.group(1)]) if plural else None
         return f"how many {kind}?" if kind else None
     if answer[:1].isupper():
-        m = _KIND_ENDS.match(after)
-        kind = _kind_words(m.groups()) if m else None
         return f"which {kind}?" if kind else None
     return None
 
@@ -215,10 +213,6 @@ def _after(window: str, statement: str, answer: str) -> str | None:
     return None
 
 
-def _gives(text: str, answer: str) -> bool:
-    return re.search(rf"(?<![\w]){re.escape(answer.strip())}(?![\w])", text, re.IGNORECASE) is not None
-
-
 def kind_subject(statement: str, answer: str, candidates: Sequence[str], lead: str) -> str | None:
     """Whom a kind question names: the longest of the window's subjects (`candidates`: its title, its
     sections' names) that the statement names; a title given with its document's `lead` ("INC-1770 timeline
@@ -228,9 +222,9 @@ def kind_subject(statement: str, answer: str, candidates: Sequence[str], lead: s
         return None
     subject = max(named, key=len)
     if lead and subject == candidates[0]:
-        kept = ", ".join(p for p in lead.split(", ") if not _gives(p, answer))
+        kept = ", ".join(p for p in lead.split(", ") if not gives(p, answer.strip()))
         subject = topic(subject, kept)
-    return None if _gives(subject, answer) else subject
+    return None if gives(subject, answer.strip()) else subject
 
 
 def kind_questions(
@@ -260,11 +254,11 @@ def add_echo(reg: Registry, tokenizer: Any, per_window: int, l1s: Sequence[int] 
     never held out. None for an anchor without a chat template (the prepare report says so). Returns how many."""
     if (per_window <= 0 and kinds <= 0) or not has_chat_template(tokenizer):
         return 0
-    only = f" and l1 in ({','.join(str(int(x)) for x in l1s)})" if l1s is not None else ""
+    only = f" and w.l1 in ({','.join(str(int(x)) for x in l1s)})" if l1s is not None else ""
     rows_w = list(
         reg.db.query(
             "select w.id, w.doc_id, w.text, d.title from windows w join documents d on d.id = w.doc_id "
-            f"where w.prompted = 1 and (w.echoed != ? or w.echo_kinds != ?){only.replace('l1', 'w.l1')} "
+            f"where w.prompted = 1 and (w.echoed != ? or w.echo_kinds != ?){only} "
             "order by w.id",
             [per_window, kinds],
         )
@@ -315,10 +309,5 @@ def add_echo(reg: Registry, tokenizer: Any, per_window: int, l1s: Sequence[int] 
                 for q, said in kind_questions(text, clozes, names, lead, kinds):
                     add(rows[0], q, said)
     route_rows(reg, made, bare)
-    with reg.db.atomic():  # the questions and both counts, or none of them
-        replace_kind(reg, ECHO, windows, "echoed", per_window, made)
-        for s in range(0, len(windows), 500):
-            chunk = windows[s : s + 500]
-            marks = ",".join("?" * len(chunk))
-            reg.db.execute(f"update windows set echo_kinds = ? where id in ({marks})", [kinds, *chunk])
+    replace_kind(reg, ECHO, windows, {"echoed": per_window, "echo_kinds": kinds}, made)
     return len(made)

@@ -8,7 +8,7 @@ model code: coverage reads this too.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -28,15 +28,17 @@ def untrained_kinds(questions: bool, study: bool, echo: bool = False) -> list[st
 
 
 def replace_kind(
-    reg: Registry, kind: str, windows: Sequence[int], column: str, count: int, rows: Sequence[dict[str, Any]]
+    reg: Registry, kind: str, windows: Sequence[int], counts: Mapping[str, int], rows: Sequence[dict[str, Any]]
 ) -> None:
-    """In one transaction: the prompts of `kind` of `windows` become `rows`, and each window records
-    `count` in `column` (how many per window it was asked for: `questioned`, `echoed`)."""
+    """In one transaction: the prompts of `kind` of `windows` become `rows`, and each window records each
+    count of `counts` in its column (how many per window it was asked for: `questioned`, `echoed`,
+    `echo_kinds`)."""
     with reg.db.atomic():
         for s in range(0, len(windows), 500):
             chunk = list(windows[s : s + 500])
             marks = ",".join("?" * len(chunk))
             reg.db.execute(f"delete from prompts where kind = ? and window_id in ({marks})", [kind, *chunk])
-            reg.db.execute(f"update windows set {column} = ? where id in ({marks})", [count, *chunk])
+            sets = ", ".join(f"{column} = ?" for column in counts)
+            reg.db.execute(f"update windows set {sets} where id in ({marks})", [*counts.values(), *chunk])
         if rows:
             reg.db["prompts"].insert_all(rows, batch_size=1000)

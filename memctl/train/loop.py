@@ -102,7 +102,7 @@ def train_unit(
             questions=tcfg.questions > 0,
             study=tcfg.study > 0,
             hidden=tcfg.match_hidden > 0,
-            echo=tcfg.echo + tcfg.echo_kinds > 0,
+            echo=tcfg.echoes,
             echo_answer=tcfg.echo_answer,
         )
         if s.doc_id not in exclude

@@ -190,7 +190,7 @@ def _names_subject(answer: str, subject: str) -> bool:
     )
 
 
-def _gives(prefix: str, answer: str) -> bool:
+def gives(prefix: str, answer: str) -> bool:
     """Whether `prefix` already says `answer`, as whole words ("W" is not in "window", "NeXT" not in "NEXTSTEP")."""
     return re.search(rf"(?<!\w){re.escape(answer.lower())}(?!\w)", prefix.lower()) is not None
 
@@ -398,7 +398,7 @@ def _add_sentences(text: str, title: str, add: Callable[..., None], opening: str
         whom = title if about == title or opening in sent else about
 
         def subject_for(answer: str, whom: str = whom) -> str:
-            return title if whom != title and _gives(opening, answer) else whom
+            return title if whom != title and gives(opening, answer) else whom
 
         def names(answer: str, subject: str) -> bool:  # the subject itself, or the title's name
             return _names_subject(answer, subject) or _names_subject(answer, title)
@@ -422,14 +422,14 @@ def _add_sentences(text: str, title: str, add: Callable[..., None], opening: str
             answer = sent[s:e]
             subject = subject_for(answer)
             moved = _fronted(sent, s, e)
-            if moved and not _gives(moved, answer) and not names(answer, subject):
+            if moved and not gives(moved, answer) and not names(answer, subject):
                 add("cloze", _with_subject(_explicit_subject(moved, subject) if subject else moved, subject), answer)
                 continue
             # a range's second year may follow its hyphen ("(1801-" -> "1882"); other glued parts may not
             ranged = re.search(r"\d{4}\s*[-\u2013]$", prefix) and re.fullmatch(r"\d{4}", answer)
             if len(prefix.split()) < 2 or (prefix.endswith(("-", "/", "\u2013")) and not ranged):
                 continue
-            if _gives(prefix, answer) or names(answer, subject):
+            if gives(prefix, answer) or names(answer, subject):
                 continue  # an answer the prompt already gives, or the subject itself
             cloze = _with_subject(_explicit_subject(prefix, subject) if subject else prefix, subject)
             # a definition's prompt names its subject: "Slingshot is" asks for "CSK Software"
