@@ -217,6 +217,16 @@ def train(
             "alone; a trained bank keeps its own)."
         ),
     ] = None,
+    event_names: Annotated[
+        bool | None,
+        typer.Option(
+            "--event-names/--no-event-names",
+            help="Ask the cloze prompts of a document titled by an id or a date again under the name a reader "
+            "gives its event, what it is about and when ('Harvion gateway (August 2024): Service restored,'): a "
+            "second key for its facts besides the title's wording (distill and mix; default on for a new bank, "
+            "a trained bank keeps its own; off under --objective lm).",
+        ),
+    ] = None,
     study: Annotated[
         int | None,
         typer.Option(
@@ -340,6 +350,7 @@ def train(
         "echo": echo,
         "echo_kinds": echo_kinds,
         "echo_answer": echo_answer,
+        "event_names": event_names,
         "study": study,
         "study_per_epoch": study_per_epoch,
         "retire": retire,

@@ -121,6 +121,11 @@ class TrainConfig:
     # the answer's share in echo and kind questions' targets, beside the teacher's distribution
     # (memctl.train.answershare); 0: the teacher's alone
     echo_answer: float = 0.0
+    # ask the cloze prompts of a document titled by an id or a date again under its event's name, what it is
+    # about and when ("Harvion gateway (August 2024): ..."; memctl.train.namings). On incidents it doubled the
+    # lengths fetched against a token-matched control; it writes no prompt for elements, fictional or foldoc
+    # (docs/corpora.md)
+    event_names: bool = True
     # self-study continuations per window sampled by the open-book teacher (memctl.train.study); 0: off. Two
     # scored at least as well as cloze prompts alone on all three corpora of benchmarks/corpora.py (docs/corpora.md)
     study: int = 2
@@ -183,6 +188,8 @@ class TrainConfig:
             raise InputError(f"--echo-answer must be a share between 0 and 1, got {self.echo_answer}")
         if self.echo_kinds > 0 and self.objective == "lm":
             raise InputError("--echo-kinds needs --objective distill or mix: kind questions are distilled")
+        if self.event_names and self.objective == "lm":
+            raise InputError("--event-names needs --objective distill or mix: naming prompts are distilled")
         if self.echo > 0 and self.objective == "lm":
             raise InputError("--echo needs --objective distill or mix: echo questions are distilled from the teacher")
         if not 0 <= self.study <= MAX_STUDY:
@@ -266,6 +273,7 @@ def train_config_from_json(text: str) -> TrainConfig:
     d.setdefault("echo", 0)
     d.setdefault("echo_kinds", 0)
     d.setdefault("echo_answer", 0.0)
+    d.setdefault("event_names", False)
     d.setdefault("study", 0)
     d.setdefault("study_per_epoch", 0)
     d.setdefault("retire", 0)

@@ -213,6 +213,12 @@ def _m013_echo_kinds(db: sqlite_utils.Database) -> None:
     db["windows"].add_column("echo_kinds", int, not_null_default=0)
 
 
+def _m014_named(db: sqlite_utils.Database) -> None:
+    """Whether each window's cloze prompts were asked again under the name of their event
+    (memctl.train.namings, `train --event-names`): 0 = not yet."""
+    db["windows"].add_column("named", int, not_null_default=0)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_prompts,
@@ -227,6 +233,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m011_echo,
     _m012_rules_checked,
     _m013_echo_kinds,
+    _m014_named,
 ]
 
 

@@ -22,7 +22,7 @@ from ..model.mix import mixed_logprobs
 from ..model.prefix import CACHE_BYTES, layer_outputs, logits_at, prefix_states, suffix_matches
 from ..registry import Registry
 from .answershare import with_answer
-from .kinds import ECHO, RULE_KINDS, STUDY, untrained_kinds
+from .kinds import ECHO, NAMING, RULE_KINDS, STUDY, untrained_kinds
 from .units import GENERIC
 
 
@@ -126,9 +126,9 @@ def student_logp(logits: torch.Tensor, anchor_logits: torch.Tensor | None, mix: 
     return F.log_softmax(logits.float(), -1)
 
 
-def _left_out(questions: bool, study: bool, echo: bool = False) -> str:
+def _left_out(questions: bool, study: bool, echo: bool = False, named: bool = False) -> str:
     """SQL condition on `p.kind` leaving out the kinds a run does not train on."""
-    return "".join(f" and p.kind != '{k}'" for k in untrained_kinds(questions, study, echo))
+    return "".join(f" and p.kind != '{k}'" for k in untrained_kinds(questions, study, echo, named))
 
 
 def prompt_samples(
@@ -139,19 +139,20 @@ def prompt_samples(
     hidden: bool = False,
     echo: bool = False,
     echo_answer: float = 0.0,
+    named: bool = False,
 ) -> list[Sample]:
     """Trained (not held-out) prompts of a unit: on the prompt's own route when it lies in the unit,
     and on its window's route when that lies in the unit and differs (both paths are trained).
     Anchor-written questions (memctl.train.questions) only with `questions`, self-study continuations
     (memctl.train.study) only with `study`, echo questions (memctl.train.echo) only with `echo`; with
     `hidden`, the teacher's hidden states where stored; `echo_answer`, the answer's share in echo questions'
-    targets (memctl.train.answershare)."""
+    targets (memctl.train.answershare); naming prompts (memctl.train.namings) only with `named`."""
     sql = (
         "select p.id, p.doc_id, p.window_id, p.kind, p.ids, p.n_prompt, p.topk_idx, p.topk_logp, p.path, "
         "w.path as wpath"
         + (", p.hidden " if hidden else " ")
         + "from prompts p join windows w on w.id = p.window_id where p.held_out = 0 and p.topk_idx is not null"
-        + _left_out(questions, study, echo)
+        + _left_out(questions, study, echo, named)
     )
     out, cloze = [], []  # every prompt in id order; the cloze ones, which may ride in a longer one
     rows = list(reg.db.query(sql + " order by p.id"))
@@ -188,7 +189,7 @@ def prompt_samples(
     return [hosts.get((s.key, s.path), s) for s in out if (s.key, s.path) in hosts or (s.key, s.path) not in kept]
 
 
-CLOZE_KINDS = RULE_KINDS
+CLOZE_KINDS = (*RULE_KINDS, NAMING)  # statements cut before an answer: one may ride in a longer one
 
 
 def merge_prefixes(samples: list[Sample]) -> list[Sample]:
@@ -272,6 +273,7 @@ def load_samples(
     hidden: bool = False,
     echo: bool = False,
     echo_answer: float = 0.0,
+    named: bool = False,
 ) -> list[Sample]:
     """The unit's samples for an objective: lm = windows, distill = prompts, mix = both. Under
     distill, a window that yields no prompt (nothing salient to ask about) is learned next-token.
@@ -281,10 +283,10 @@ def load_samples(
         return window_samples(reg, anchor, unit)
     windows = window_samples(reg, anchor, unit)
     if objective == "distill":
-        sql = "select distinct window_id from prompts p where 1 = 1" + _left_out(questions, study, echo)
+        sql = "select distinct window_id from prompts p where 1 = 1" + _left_out(questions, study, echo, named)
         prompted = {f"w{r['window_id']}" for r in reg.db.query(sql)}
         windows = [w for w in windows if w.key not in prompted]
-    return windows + prompt_samples(reg, unit, questions, study, hidden, echo, echo_answer)
+    return windows + prompt_samples(reg, unit, questions, study, hidden, echo, echo_answer, named)
 
 
 def unit_seed(seed: int, unit: str) -> list[int]:

@@ -35,6 +35,7 @@ from .coverage import bank_coverage
 from .echo import add_echo
 from .kinds import ECHO, QUESTION, replace_kind
 from .leads import window_leads
+from .namings import add_namings
 from .prompts import RULES, joins_without_space, window_prompts
 from .questions import ANSWER_TOKENS, answer_questions, chat_prompt, write_questions
 from .reprompt import settle
@@ -234,10 +235,12 @@ def prepare(
     study_grounded: bool = False,
     echo: int = 0,
     echo_kinds: int = 0,
+    event_names: bool = False,
 ) -> PrepareReport:
     """Cloze prompts, anchor-written questions (`questions` per window), echo questions (`echo` per window:
-    memctl.train.echo) and self-study continuations (`study` per window; the last three for the windows
-    of `units` only, when given without the generic memory;
+    memctl.train.echo), naming prompts (with `event_names`: memctl.train.namings) and self-study
+    continuations (`study` per window; the last four for the windows of `units` only, when given without
+    the generic memory;
     with `study_hidden`, the teacher's hidden states along them; with `study_grounded`, each cut before its
     first ungrounded claim: memctl.train.grounding), the teacher's cache for all of them,
     and the bank's coverage."""
@@ -246,6 +249,7 @@ def prepare(
     l1s = None if units is None or "generic" in units else [int(u) for u in units]
     added += add_questions(reg, anchor, questions, progress, l1s)
     added += add_echo(reg, anchor.tokenizer, echo, l1s, echo_kinds)
+    added += add_namings(reg, event_names, l1s)
     studied, study_seconds = add_study(
         reg, anchor, study, TEACHER_SEPARATOR, progress, l1s, study_hidden, grounded=study_grounded
     )

@@ -44,7 +44,7 @@ from ..build.routing import route_rows
 from ..core.words import STOP_WORDS
 from ..model.anchor import has_chat_template
 from ..registry import Registry
-from .kinds import ECHO, replace_kind
+from .kinds import ECHO, replace_kind, trained_rule_prompts
 from .leads import topic, window_leads
 from .prompts import gives, joins_without_space
 from .sections import subjects, window_openings
@@ -290,24 +290,14 @@ def add_echo(reg: Registry, tokenizer: Any, per_window: int, l1s: Sequence[int] 
         )
         bare.append(q)
 
-    for s in range(0, len(windows), 500):
-        chunk = windows[s : s + 500]
-        marks = ",".join("?" * len(chunk))
-        by_window: dict[int, list[dict[str, Any]]] = {}
-        for r in reg.db.query(
-            f"select window_id, doc_id, text, answer from prompts where kind = 'cloze' and held_out = 0 "
-            f"and window_id in ({marks}) order by window_id, id",
-            chunk,
-        ):
-            by_window.setdefault(int(r["window_id"]), []).append(r)
-        for w, rows in by_window.items():
-            clozes = [(r["text"], r["answer"]) for r in rows]
-            for i in pick_statements(clozes, per_window):
-                add(rows[i], *echo_pair(*clozes[i]))
-            if kinds > 0:
-                text, names, lead = about[w]
-                for q, said in kind_questions(text, clozes, names, lead, kinds):
-                    add(rows[0], q, said)
+    for w, rows in trained_rule_prompts(reg, windows).items():
+        clozes = [(r["text"], r["answer"]) for r in rows]
+        for i in pick_statements(clozes, per_window):
+            add(rows[i], *echo_pair(*clozes[i]))
+        if kinds > 0:
+            text, names, lead = about[w]
+            for q, said in kind_questions(text, clozes, names, lead, kinds):
+                add(rows[0], q, said)
     route_rows(reg, made, bare)
     replace_kind(reg, ECHO, windows, {"echoed": per_window, "echo_kinds": kinds}, made)
     return len(made)

@@ -42,9 +42,9 @@ if TYPE_CHECKING:
 MAX_LEAD_WORDS = 12
 _MAIL_PREFIX = re.compile(r"^\s*(?:(?:re|fwd?|aw)\s*:\s*)+", re.I)
 _HEADER = re.compile(r"^(?:from|to|cc|bcc|date|sent|subject|reply-to|message-id)\s*:", re.I)
-_ID = re.compile(r"^(?=.*\d)(?=.*[A-Z])[A-Z\d][A-Z\d/#.:_-]*$")  # no lowercase: "INC-1770", not "libc6"
+ID_WORD = re.compile(r"^(?=.*\d)(?=.*[A-Z])[A-Z\d][A-Z\d/#.:_-]*$")  # no lowercase: "INC-1770", not "libc6"
 _MONTH_YEAR = re.compile(rf"\b{MONTH}\s+\d{{4}}\b")
-_MONTHS = set(
+MONTH_WORDS = set(
     "january february march april may june july august september october november december "
     "jan feb mar apr jun jul aug sep sept oct nov dec monday tuesday wednesday thursday friday saturday sunday".split()
 )
@@ -71,11 +71,11 @@ def is_label(title: str, text: str) -> bool:
     """Whether `title` names its document by an id or a date alone (see the module's rules); `text`: the
     document's text (all of its windows, where the caller has them)."""
     words = _words(title)
-    ids = [w for w in words if _ID.match(w)]
+    ids = [w for w in words if ID_WORD.match(w)]
     if not ids and not DATE.search(title) and not _MONTH_YEAR.search(title):
         return False
     for w in words:
-        if any(c.isdigit() for c in w) or w.lower() in _MONTHS or not any(c.isupper() for c in w):
+        if any(c.isdigit() for c in w) or w.lower() in MONTH_WORDS or not any(c.isupper() for c in w):
             continue
         if not _lowercase(text, w):
             return False  # a name: "Jaskell", or a word the text only ever capitalises
@@ -92,7 +92,7 @@ def _names_something(sentence: str, title_words: set[str]) -> bool:
         lw = w.lower()
         if any(c.isdigit() for c in w) or lw in title_words or lw in SENTENCE_WORDS:
             continue
-        if lw in _MONTHS and not w.isupper():  # "May", not "DEC"
+        if lw in MONTH_WORDS and not w.isupper():  # "May", not "DEC"
             continue
         if (w[:1].isupper() and w[1:2].islower()) or (len(w) > 1 and w.isupper()):
             return True

@@ -104,6 +104,7 @@ def train_unit(
             hidden=tcfg.match_hidden > 0,
             echo=tcfg.echoes,
             echo_answer=tcfg.echo_answer,
+            named=tcfg.event_names,
         )
         if s.doc_id not in exclude
     ]
@@ -423,6 +424,7 @@ def prepare_training(
             tcfg.ground_study,
             tcfg.echo,
             tcfg.echo_kinds,
+            tcfg.event_names,
         )
     if tcfg.preserve > 0:
         prepare_pool(reg, anchor, stage, tcfg.preserve_pool)

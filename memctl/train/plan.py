@@ -82,5 +82,7 @@ def _resolve_config(reg: Registry, overrides: dict[str, Any], place: Placement) 
         tcfg = dataclasses.replace(tcfg, echo=0)
     if tcfg.objective == "lm" and "echo_kinds" not in overrides:
         tcfg = dataclasses.replace(tcfg, echo_kinds=0)
+    if tcfg.objective == "lm" and "event_names" not in overrides:  # naming prompts are distilled too
+        tcfg = dataclasses.replace(tcfg, event_names=False)
     tcfg.validate()
     return tcfg

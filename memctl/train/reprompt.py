@@ -23,7 +23,7 @@ from pathlib import Path
 from ..registry import Registry, now
 from ..registry.checkpoints import drop_checkpoints, pending_checkpoints
 from ..registry.lock import bank_lock
-from .kinds import ECHO, RULE_KINDS
+from .kinds import ECHO, NAMING, RULE_KINDS
 from .leads import window_leads
 from .prompts import RULES, window_prompts
 from .sections import window_openings
@@ -156,10 +156,12 @@ def reprompt(reg: Registry, all_windows: bool = False) -> RepromptReport:
             f"delete from prompts where kind in ({kinds}) and window_id in (select id from windows where {where})"
         ).rowcount
         # echo questions ask the cloze statements back (memctl.train.echo): they go with them, and are asked again
+        # and so do naming prompts, which ask them again under their event's name (memctl.train.namings)
         reg.db.execute(
-            f"delete from prompts where kind = ? and window_id in (select id from windows where {where})", [ECHO]
+            f"delete from prompts where kind in (?, ?) and window_id in (select id from windows where {where})",
+            [ECHO, NAMING],
         )
-        reg.db.execute(f"update windows set echoed = 0, echo_kinds = 0 where {where}")
+        reg.db.execute(f"update windows set echoed = 0, echo_kinds = 0, named = 0 where {where}")
         # self-study continuations whose seeds these rules name otherwise are sampled again too
         _set(reg, "studied", 0, _reseeded(reg, where))
         reg.db.execute(f"update windows set prompted = 0 where {where}")
