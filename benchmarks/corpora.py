@@ -335,8 +335,9 @@ def subtree_coverage(home: Path, bank: str, subtree: int, variant: str) -> dict[
         def on(flag: str) -> bool:
             return flag in opts and opts[opts.index(flag) + 1] != "0"
 
+        # naming prompts exist only where the run made them (`train --event-names`, on by default)
         return bank_coverage(
-            reg, questions=on("--questions"), study=on("--study"), l1=subtree, echo=on("--echo")
+            reg, questions=on("--questions"), study=on("--study"), l1=subtree, echo=on("--echo"), named=True
         ).to_dict()
     finally:
         reg.close()

@@ -17,6 +17,7 @@ from memctl.core.placement import CPU
 from memctl.model.anchor import load_anchor
 from memctl.registry import Registry
 from memctl.train.batches import prompt_samples
+from memctl.train.coverage import bank_coverage
 from memctl.train.distill import prepare
 from memctl.train.kinds import NAMING
 from memctl.train.namings import event_naming, lead_name, month_year, renamed, title_name, window_namings
@@ -144,6 +145,8 @@ def test_naming_prompts_are_cached_with_their_document_trained_on_request_and_go
         sources = [c for c in clozes if c["text"].endswith(r["text"][len(naming) :])]
         assert sources and all(c["held_out"] == 0 for c in sources)
     assert prepare(reg, anchor, event_names=True).prompts_added == 0  # asked once per window
+    # coverage counts them where the run trains them
+    assert bank_coverage(reg, named=True).by_kind[NAMING] > 0 and NAMING not in bank_coverage(reg).by_kind
     # trained only when the run asks for them
     units = [str(r[0]) for r in reg.db.execute("select distinct l1 from windows")]
     keys = {f"p{r['id']}" for r in rows}

@@ -55,13 +55,15 @@ def bank_coverage(
     l1: int | None = None,
     sample: int | None = None,
     echo: bool = False,
+    named: bool = False,
 ) -> Coverage:
     """Coverage of every window (of level-1 subtree `l1`, when given) by the prompts the student trains
     on (never the held-out ones): cloze and paraphrase answers, anchor-written questions' answers with
-    `questions`, self-study continuations with `study`, echo questions' answers with `echo`. With
+    `questions`, self-study continuations with `study`, echo questions' answers with `echo`, naming prompts'
+    answers with `named`. With
     `sample`, at most that many windows, spread evenly over the table (`Coverage.sampled`): what `info`
     and `eval` read on a large bank."""
-    left_out = untrained_kinds(questions, study, echo)
+    left_out = untrained_kinds(questions, study, echo, named)
     only = "" if l1 is None else f" where l1 = {int(l1)}"
     ids = [r[0] for r in reg.db.execute("select id from windows" + only + " order by id")]
     picked = ids if sample is None or len(ids) <= sample else [ids[i * len(ids) // sample] for i in range(sample)]
@@ -114,5 +116,6 @@ def coverage_report(reg: Registry, runs: list[dict[str, Any]] | None = None) -> 
         study=bool(tcfg and tcfg.study),
         sample=COVERAGE_SAMPLE,
         echo=bool(tcfg and tcfg.echoes),
+        named=bool(tcfg and tcfg.event_names),
     )
     return cov.to_dict()

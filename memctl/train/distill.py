@@ -258,7 +258,9 @@ def prepare(
     row = reg.db.execute(
         "select avg(p.path != w.path), avg(p.l1 != w.l1) from prompts p join windows w on w.id = p.window_id"
     ).fetchone()
-    cov = bank_coverage(reg, questions=questions > 0, study=study > 0, echo=echo + echo_kinds > 0).to_dict()
+    cov = bank_coverage(
+        reg, questions=questions > 0, study=study > 0, echo=echo + echo_kinds > 0, named=event_names
+    ).to_dict()
     notes = () if echo + echo_kinds <= 0 or has_chat_template(anchor.tokenizer) else (NO_ECHO,)
     return PrepareReport(
         added, total, float(row[0] or 0.0), float(row[1] or 0.0), seconds, studied, study_seconds, cov, notes
