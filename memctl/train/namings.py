@@ -44,7 +44,7 @@ from ..build.routing import route_rows
 from ..core.words import STOP_WORDS
 from ..registry import Registry
 from .kinds import NAMING, RULE_KINDS, replace_kind, trained_rule_prompts
-from .leads import ID_WORD, MONTH_WORDS, is_label, topic, window_leads
+from .leads import ID_WORD, MONTH_WORDS, document_lead, is_label, topic
 from .prompts import gives
 from .sections import SENTENCE_WORDS, document_windows
 from .sentences import DATE, MONTH
@@ -140,7 +140,12 @@ def event_naming(title: str, lead: str, text: str) -> str | None:
     title = " ".join((title or "").split())
     if not title or not has_event_title(title):
         return None
-    name = lead_name(lead) if lead else None if is_label(title, text) else title_name(title, text)
+    if lead:
+        name = lead_name(lead)
+    elif is_label(title, text):
+        name = None  # a label whose document gives no lead names nothing
+    else:
+        name = title_name(title, text)
     dated = DATE.search(lead) or DATE.search(text)
     when = month_year(dated.group(1)) if dated else None
     return f"{name} ({when})" if name and when else None
@@ -162,16 +167,12 @@ def renamed(statement: str, subjects: Sequence[str], naming: str, answer: str) -
 def window_namings(clozes: Sequence[tuple[str, str]], subjects: Sequence[str], naming: str) -> list[tuple[str, str]]:
     """The renamed prompts (statement, answer) of a window's cloze prompts, in their order; a statement that
     two of them give with different answers is dropped."""
-    found: dict[str, set[str]] = {}
-    order: list[str] = []
+    found: dict[str, set[str]] = {}  # in the order first given
     for statement, answer in clozes:
         new = renamed(statement, subjects, naming, answer)
-        if new is None:
-            continue
-        if new not in found:
-            order.append(new)
-        found.setdefault(new, set()).add(answer)
-    return [(s, next(iter(found[s]))) for s in order if len(found[s]) == 1]
+        if new is not None:
+            found.setdefault(new, set()).add(answer)
+    return [(s, next(iter(answers))) for s, answers in found.items() if len(answers) == 1]
 
 
 def add_namings(reg: Registry, on: bool, l1s: Sequence[int] | None = None) -> int:
@@ -181,20 +182,15 @@ def add_namings(reg: Registry, on: bool, l1s: Sequence[int] | None = None) -> in
     if not on:
         return 0
     only = f" and l1 in ({','.join(str(int(x)) for x in l1s)})" if l1s is not None else ""
-    windows = [
-        int(r["id"]) for r in reg.db.query(f"select id from windows where prompted = 1 and named = 0{only} order by id")
-    ]
+    rows_w = list(reg.db.query(f"select id, doc_id from windows where prompted = 1 and named = 0{only} order by id"))
+    windows = [int(r["id"]) for r in rows_w]
     if not windows:
         return 0
-    docs = {
-        r["doc_id"]
-        for r in reg.db.query(f"select distinct doc_id from windows where id in ({','.join(map(str, windows))})")
-    }
-    leads = window_leads(reg, docs)
     namings: dict[int, tuple[str, list[str]]] = {}  # window: its event's naming, the subjects it replaces
-    for title, wins in document_windows(reg, docs).values():
-        lead = leads[wins[0][0]] if wins else ""
-        naming = event_naming(title, lead, "\n\n".join(t for _, t in wins))
+    for title, wins in document_windows(reg, {r["doc_id"] for r in rows_w}).values():
+        texts = [t for _, t in wins]
+        lead = document_lead(title, texts)
+        naming = event_naming(title, lead, "\n\n".join(texts))
         if naming:
             title = " ".join(title.split())
             namings.update({w: (naming, [topic(title, lead), title]) for w, _ in wins})
