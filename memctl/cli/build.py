@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from ..core.errors import InputError
 from .common import (
@@ -18,7 +16,6 @@ from .common import (
     NoWaitOpt,
     Rates,
     app,
-    coverage_line,
     epoch_line,
     err,
     out,
@@ -328,12 +325,11 @@ def train(
 ) -> None:
     """Train memory blocks on the frozen anchor; resumes an interrupted run. Under torchrun, units are
     shared out across the ranks (or groups of --dp ranks) and rank 0 records them."""
-    from ..ops.info import bank_missing_files
     from ..train.distributed import World
-    from ..train.reprompt import bank_rules_note
     from ..train.run import TrainEvent
     from ..train.run import train as do_train
     from .scale import train_out_command, worker_summary
+    from .trainreport import report_training
 
     overrides = {
         "epochs": epochs,
@@ -432,71 +428,4 @@ def train(
     res = run(go, no_wait)
     if worker_summary(res, as_json):
         return
-    note = None if as_json else run(lambda: bank_rules_note(bank))
-    if note:
-        err.print(f"[yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)
-    if as_json:
-        print_json(
-            {
-                "bank": res.bank,
-                "units": [u.__dict__ for u in res.units],
-                "skipped": res.skipped,
-                "tokens": res.tokens,
-                "placement": res.placement,
-                "prepare": res.prepare.__dict__ if res.prepare else None,
-            }
-        )
-        return
-    if not res.units:
-        out.print(f"nothing to train: every unit of bank {bank!r} is trained (use --retrain to train again)")
-        missing = run(lambda: bank_missing_files(bank))
-        if missing:
-            err.print(
-                f"[yellow]but {len(missing)} block file(s) are missing ({', '.join(missing[:3])}): "
-                f"`memctl doctor --bank {bank} --repair` re-queues them, then `memctl train` retrains them[/yellow]",
-                highlight=False,
-                soft_wrap=True,
-            )
-        return
-    if res.prepare:
-        p = res.prepare
-        out.print(
-            f"prompts: {p.prompts_total} ({p.prompts_added} new); routed to another leaf than their window: "
-            f"{100 * p.route_differs_leaf:.0f}% (another level-1 subtree: {100 * p.route_differs_l1:.0f}%), "
-            f"both paths trained; teacher cache {p.teacher_seconds:.0f}s"
-            + (f"; self-study {p.study_added} new continuations, {p.study_seconds:.0f}s" if p.study_added else "")
-        )
-        if p.coverage:
-            out.print(coverage_line(p.coverage))
-        for note in p.notes:
-            out.print(f"[yellow]{note}[/yellow]", highlight=False)
-    table = Table(title=f"trained {len(res.units)} unit(s) of {bank} ({res.placement})")
-    for col in (
-        "unit",
-        "steps",
-        "tokens",
-        "loss first→last",
-        "preserve first→last",
-        "held-out acc by epoch",
-        "held-out loss first→best",
-        "tok/s",
-        "time",
-    ):
-        table.add_column(col, justify="right")
-    for u in res.units:
-        resumed = f" (resumed at {u.resumed_from})" if u.resumed_from else ""
-        if u.restarts:  # memctl.train.diverge
-            resumed += f" (loss diverged or drifted: restarted {u.restarts}x at a lower learning rate)"
-        held = " ".join(f"{100 * h:.0f}" for h in u.heldout) + ("% (early stop)" if u.stopped_early else "%")
-        table.add_row(
-            u.unit,
-            f"{u.steps}{resumed}",
-            f"{u.tokens:,}",
-            f"{u.loss_first:.3f} → {u.loss_last:.3f}",
-            "-" if math.isnan(u.preserve_first) else f"{u.preserve_first:.3f} → {u.preserve_last:.3f}",
-            held if u.heldout else "-",
-            f"{u.heldout_loss[0]:.3f} → {min(u.heldout_loss):.3f}" if u.heldout_loss else "-",
-            f"{u.tokens / max(u.seconds, 1e-9):.0f}",
-            f"{u.seconds:.0f}s",
-        )
-    out.print(table)
+    report_training(bank, res, as_json)
