@@ -126,7 +126,7 @@ AnchorMixOpt = Annotated[
     typer.Option(
         help="The anchor's share (0 to 1) of each next-token distribution where memories are fetched: "
         "(1-w) p(memories) + w p(anchor). Keeps memories from rewriting near-domain text they do not cover, "
-        "at a cost in recalled facts (docs/corpora.md); default: the share the bank was trained for "
+        "at a cost in recalled facts (docs/history.md); default: the share the bank was trained for "
         "(`train --anchor-mix`), else 0, the memories alone. Doubles the batch.",
     ),
 ]

@@ -127,7 +127,7 @@ class TrainConfig:
     # (docs/corpora.md)
     event_names: bool = True
     # self-study continuations per window sampled by the open-book teacher (memctl.train.study); 0: off. Two
-    # scored at least as well as cloze prompts alone on all three corpora of benchmarks/corpora.py (docs/corpora.md)
+    # scored at least as well as cloze prompts alone on all three corpora of benchmarks/corpora.py (docs/history.md)
     study: int = 2
     # self-study continuations per window trained in each epoch, the window's continuations taking turns
     # (memctl.train.batches.in_epoch): more of them, as varied, for the same training tokens; 0: all, every epoch
@@ -149,7 +149,7 @@ class TrainConfig:
     max_restarts: int = 2
     # what such a unit does: "restart" from its seeded initial state, or "rollback" to the end of the last epoch
     # that passed (fewer tokens: the epochs before it are kept; on foldoc it left unrelated text +4.0% against
-    # +2.4% and +2.6% for units that started over, docs/corpora.md, so it is off by default)
+    # +2.4% and +2.6% for units that started over, docs/history.md, so it is off by default)
     on_drift: str = "restart"
 
     @property

@@ -29,7 +29,7 @@ Act = Callable[[torch.Tensor], torch.Tensor]
 PARTS = ("gate", "up", "down")
 # a batch runs as one widened FFN (`_Fused`) while the neurons of all the blocks its rows fetch exceed the
 # neurons one row fetches by at most this many (each row computes the others, masked, for nothing); beyond,
-# block by block. Measured on training batches, forward and backward (docs/corpora.md): fictional's (ranks
+# block by block. Measured on training batches, forward and backward (docs/history.md): fictional's (ranks
 # 64/32, four level-2 blocks: 96 neurons more than a row's 96) ran 5-16% faster widened; foldoc's (168/80:
 # 240 more than a row's 248) 4-5% slower
 FUSE_WASTE = 128

@@ -7,7 +7,7 @@ corpus does not cover (foldoc's near-domain docstrings: "using the z|lib" -> "iv
 The anchor's share puts back a floor under what the anchor expects, so such text is scored and
 continued much as the anchor alone would. It also takes a share away from every fact the memories
 recall: an answer survives only where the memories' token outweighs the anchor's own guess, which
-for facts the anchor cannot know (invented names, dates) it often does not. docs/corpora.md measures
+for facts the anchor cannot know (invented names, dates) it often does not. docs/history.md measures
 both sides on three corpora; memctl serves the memories alone unless asked, except near the relevance
 gate's floor, where the gate's ramp gives each context a share of its own (memctl.core.relevance.anchor_share).
 
@@ -28,7 +28,7 @@ from .memory import Fetched
 
 # The anchor's share of each next-token distribution when memories are fetched (`--anchor-mix`): 0 serves the
 # memories alone. 0.5 took foldoc's near-domain docstrings from +24% to +1.9% but cost fictional 19 of its 47
-# recalled statements (docs/corpora.md), so memctl does not mix unless asked.
+# recalled statements (docs/history.md), so memctl does not mix unless asked.
 DEFAULT_ANCHOR_MIX = 0.0
 
 

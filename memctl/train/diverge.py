@@ -13,11 +13,11 @@ throws away every epoch trained (elements' and foldoc's default units started ov
 whole state at the end of the last epoch that passed (blocks, optimizer moments, provenance, scores,
 sit-outs), which the checkpoint carries while a restart is left, so a resumed unit goes back exactly
 as an uninterrupted one, and only the failed epoch is trained again. Measured once on foldoc
-(2026-12-01, docs/corpora.md): 7% fewer tokens than starting over after epoch 2, the same statements,
+(2026-12-01, docs/history.md): 7% fewer tokens than starting over after epoch 2, the same statements,
 but unrelated text +4.0% with the gate on (+14.0% where its memories meet it) against +2.3% to +2.6%
 for units that started over: the full-rate epochs it keeps had begun the drift. So it is not the default.
 
-A unit can also go wrong slowly. In a FOLDOC unit at 1e-2 (docs/corpora.md, 2026-11-27) the
+A unit can also go wrong slowly. In a FOLDOC unit at 1e-2 (docs/history.md, 2026-11-27) the
 distillation loss fell, then stalled near 2.0 while the preservation loss drifted from 1.67 to 2.41
 (first and last 5% of its steps): no epoch was twice the best, yet the blocks learned little and
 made the unrelated text routed into them 3.6x as perplexing. The same bank at half the learning

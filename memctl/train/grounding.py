@@ -4,7 +4,7 @@ The open-book teacher is a small model: asked about a window, it soon adds names
 window never gave ("REXX is a scripting language, specifically designed for Windows", "released on
 January 22, 2023"), and the memories would learn those as facts of the document. In the first
 subtrees of `benchmarks/corpora.py`'s corpora, 39 of FOLDOC's 88 self-study continuations, 51 of the
-fictional corpus's 76 and 11 of elements' 52 make such a claim (docs/corpora.md).
+fictional corpus's 76 and 11 of elements' 52 make such a claim (docs/history.md).
 
 A claim here is a number, or a Capitalised word that does not open a sentence or a list item; it is
 grounded when the window or the seed's question has it as a whole word (case aside). With

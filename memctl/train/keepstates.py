@@ -32,7 +32,7 @@ from ..model.anchor import MemoryMLP
 from ..model.memory import Fetched, memory_delta
 
 # the states loss's weight against the distillation losses of the other batches, measured on registers
-# (docs/corpora.md): at 100 the unit diverged at lr 1e-2 and, restarted at half of it, learned less; at
+# (docs/history.md): at 100 the unit diverged at lr 1e-2 and, restarted at half of it, learned less; at
 # 10 it trained at 1e-2 and answered as many facts as output preservation on the same bank at half the
 # tokens, but text routed into its memories was 14.4% more perplexing against 6.0%
 WEIGHT = 10.0

@@ -20,7 +20,7 @@ vocabulary token, so the pool holds code, lists and names too, left +2.4%; 1,024
 (whole documents; `memctl eval`, which scores window-sized chunks, measured +3.0% and +1.99% on the
 first and last bank).
 
-It does not reach near-domain text (docs/corpora.md): with memories in every layer, the docstrings
+It does not reach near-domain text (docs/history.md): with memories in every layer, the docstrings
 that route into a trained subtree of a computing dictionary (foldoc) are +24% (256 sequences) and
 +21% (1,024), the bank's own vocabulary read into them; a pool opened on the bank's own tokens did
 worse (+8.4% against +6.6% over all 27, and fewer facts learned).

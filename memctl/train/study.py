@@ -54,7 +54,7 @@ MAX_SECTION_SEEDS = 4  # a window of sections: at most this many times `--study`
 # turn, the student the question alone. Anchors without a chat template continue raw seeds instead.
 # The first ones ask for facts: with them the 135M teacher writes denser continuations ("Rynith Growers is a
 # seed-breeding company founded by Nesisca Gormick in 1985") than after "Tell me about {S}." (which opened
-# more often with invented colour); `--study 2` takes the first two (docs/corpora.md)
+# more often with invented colour); `--study 2` takes the first two (docs/history.md)
 CHAT_SEEDS = (
     "What are the key facts about {S}?",
     "Summarize everything about {S}, with dates, names and places.",
