@@ -88,8 +88,11 @@ REGISTER_SECTIONS = 12  # entity sections per register: about 1,200 anchor token
 MAIN_SETUPS = "anchor,oracle-rag,fetched,rag,rag+fetched"
 QUESTION_SETUPS = "anchor,oracle-rag,fetched"
 MEMORYLESS = ("anchor", "oracle-rag", "rag")  # setups that fetch no memory
-# a question is answered in a sentence ("The company was founded by ..."): 8 tokens cut correct answers off
-QUESTION_ANSWER_TOKENS = 16
+# a question is answered in a sentence that says the question again first ("The company was founded by ...",
+# "The Harvion gateway incident of August 2024 hit the ..."): 8 tokens cut correct answers off, and 16 cut off
+# incidents' (open book on one subtree: 33 of 120 at 16, 44 at 32). Greedy answers only grow: more tokens
+# never unmake a correct one
+QUESTION_ANSWER_TOKENS = 32
 # the question-form probes asked again as `memctl chat` asks them (`eval --chat`), where they are questions
 # (elements' are rephrased statements); an assistant's answer is a longer sentence
 CHAT_CORPORA = ("fictional", "foldoc", "registers", "incidents")

@@ -11,7 +11,7 @@ turn. The student reads the question alone, with the memories of its own
 route; the open-book teacher reads the window before it, and the student learns the teacher's
 distributions over the cloze's answer, which opens the assistant's turn. On foldoc, asking "what?" of
 every answer, it took the question-form probes from 6 to 14 of 64, almost all on the facts it asked
-back (docs/corpora.md).
+back (docs/history.md).
 
 Each window gets up to N, never from a held-out cloze prompt, so held-out scoring still reads facts the
 student never saw. They ask first what questions most often ask for, by the answer's shape and not by any
