@@ -39,7 +39,7 @@ def test_an_epoch_diverges_when_a_kind_doubles_its_best_mean_or_is_not_finite() 
 
 def test_an_epoch_drifts_when_its_preservation_loss_climbs_a_tenth_above_the_first_epochs() -> None:
     counts = kind_counts([["kd", "keep"]] * 5)
-    # the epoch means of FOLDOC units at lr 1e-2 (docs/corpora.md): distillation never twice its best,
+    # the epoch means of FOLDOC units at lr 1e-2 (docs/history.md): distillation never twice its best,
     # while preservation crept up (2026-11-27) or rose and came back (2026-11-29, +11.8% on unrelated text)
     kd = [2.835, 2.639, 2.044, 1.867, 2.234]
     drifting = {"kd": kd, "keep": [1.712, 1.889, 1.927, 1.969, 2.175]}

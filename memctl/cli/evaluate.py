@@ -73,7 +73,7 @@ def eval_cmd(
         int,
         typer.Option(
             help="Greedy new tokens per probe answer; an answer counts when it appears in them "
-            "(question-form probes, answered in a sentence, want about 16)."
+            "(question-form probes, answered in a sentence that often says the question again first, want 32 or so)."
         ),
     ] = PROBE_TOKENS,
     chat: Annotated[
