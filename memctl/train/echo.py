@@ -49,6 +49,7 @@ from .leads import topic, window_leads
 from .prompts import gives, joins_without_space
 from .sections import subjects, window_openings
 from .sentences import DAY as _DAY
+from .sentences import MONTH_NAMES
 from .study import chat_turn
 
 ASK = " what?"
@@ -61,8 +62,7 @@ _TRAILING = " ,;:("  # a statement cut after these reads as a question once they
 # a person's question, "Who wrote zoo?", asks for it so), the rest "what?". A date here has its month
 # spelt out, with or without a day ("3 May 1993", "March 1998"), or is ISO; the cloze rules' other date
 # spans (memctl.train.prompts: "Aug 1995", "08/10/1983") are asked "what?".
-_MONTHS = "January February March April May June July August September October November December".split()
-_MONTH = f"(?:{'|'.join(_MONTHS)})"
+_MONTH = f"(?:{'|'.join(MONTH_NAMES)})"
 _DATE = re.compile(
     rf"^(?:\d{{1,2}} )?{_MONTH}(?: \d{{1,2}},?)? \d{{4}}$"  # 3 May 1993, May 3, 1993, May 1993
     rf"|^\d{{4}}-\d{{2}}(?:-\d{{2}})?$"  # 1993-05(-03)
@@ -71,7 +71,7 @@ _YEAR = re.compile(r"^(?:1[0-9]{3}|20[0-9]{2})s?$")  # 1993, the 1990s
 _BEFORE_YEAR = frozenset(
     "in on at by of since until till from to and or between around circa c. during before after".split()
     + ["the", "late", "early", "mid"]
-    + [m.lower() for m in _MONTHS]  # "born on 20 March" + "1954"
+    + [m.lower() for m in MONTH_NAMES]  # "born on 20 March" + "1954"
 )
 # what "when?" stands for: "in (late)", "on 6" + "August 1996", "on January 5," + "1947"
 _WHEN_DROPS = frozenset({"in", "on", "during", "at", "the", "late", "early", "mid", "around", "circa", "c."})

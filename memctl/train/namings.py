@@ -47,10 +47,9 @@ from .kinds import NAMING, RULE_KINDS, replace_kind, trained_rule_prompts
 from .leads import ID_WORD, MONTH_WORDS, document_lead, is_label, topic
 from .prompts import gives
 from .sections import SENTENCE_WORDS, document_windows
-from .sentences import DATE, MONTH
+from .sentences import DATE, MONTH, MONTH_NAMES
 
 MAX_NAME_WORDS = 6
-_MONTH_NAMES = "January February March April May June July August September October November December".split()
 _MONTH_AT = re.compile(rf"({MONTH})")
 _YEAR = re.compile(r"\d{4}")
 _SENTENCE_END = re.compile(r"(?<=[a-z0-9)])[.!?](?:\s|$)")
@@ -63,12 +62,12 @@ def month_year(date: str) -> str | None:
     iso = re.fullmatch(r"(\d{4})-(\d{2})-\d{2}", date.strip())
     if iso:
         month = int(iso.group(2))
-        return f"{_MONTH_NAMES[month - 1]} {iso.group(1)}" if 1 <= month <= 12 else None
+        return f"{MONTH_NAMES[month - 1]} {iso.group(1)}" if 1 <= month <= 12 else None
     m, y = _MONTH_AT.search(date), _YEAR.search(date)
     if not m or not y:
         return None
     head = m.group(1).rstrip(".")[:3].lower()
-    full = next(n for n in _MONTH_NAMES if n[:3].lower() == head)
+    full = next(n for n in MONTH_NAMES if n[:3].lower() == head)
     return f"{full} {y.group(0)}"
 
 

@@ -11,6 +11,7 @@ SENT = re.compile(r"(?<=[a-z0-9%)\]\"'][.!?])\s+(?=[A-Z0-9\"'(])")
 # ... nor does a title or an abbreviation that a name or a word follows ("Dr. John Cupitt", "e.g. Lisp", "ca. 1979")
 TITLE = r"(?:Dr|Mr|Mrs|Ms|Prof|St|Mt|Gen|Col|Capt|Rev|Sgt|Lt|Fr|Sen|Gov)"
 ABBREVIATION = re.compile(rf"(?:^|\s|\()(?:{TITLE}|No|Fig|Vol|vs|cf|ca|c|approx|e\.g|i\.e)\.$")
+MONTH_NAMES = "January February March April May June July August September October November December".split()
 MONTH = (
     r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|Sep(?:t(?:ember)?)?|"
     r"Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)\.?"
