@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import time_baseline
+from corpora_bank import corpus_tokens, prompts_by_kind, subtree_coverage, subtree_probes, trained_perplexity
 from corpora_table import table
 from rich.console import Console
 
@@ -134,28 +135,6 @@ def memctl(env: dict[str, str], log: Path, *args: str) -> str:
     here = str(Path(package.__file__).resolve().parents[1])
     env = dict(env, PYTHONPATH=os.pathsep.join([here, *filter(None, [env.get("PYTHONPATH")])]))
     return run(env, [sys.executable, "-P", "-m", "memctl", *args], log)
-
-
-def subtree_probes(home: Path, bank: str, subtree: int, probes: Path, dest: Path) -> Path:
-    """The probes of documents with a window in level-1 subtree `subtree`; a probe that names its `subject`
-    (a section of a long document), those whose subject a window of its document in the subtree names."""
-    from memctl.registry import Registry
-
-    reg = Registry.open(bank, home)
-    try:
-        texts: dict[str, list[str]] = {}
-        for doc, text in reg.db.execute("select doc_id, text from windows where l1 = ?", [subtree]):
-            texts.setdefault(doc, []).append(text)
-    finally:
-        reg.close()
-
-    def inside(p: dict[str, Any]) -> bool:
-        found = texts.get(p["doc"])
-        return bool(found) and ("subject" not in p or any(p["subject"] in t for t in found))
-
-    lines = [ln for ln in probes.read_text().splitlines() if ln.strip() and inside(json.loads(ln))]
-    dest.write_text("".join(ln + "\n" for ln in lines))
-    return dest
 
 
 def setups_of(out: str, answers: Path) -> dict[str, dict[str, Any]]:
@@ -303,7 +282,9 @@ def score(
         "question_answer_tokens": QUESTION_ANSWER_TOKENS,
         "questions_chat": chat,  # None: not a corpus of questions
         "chat_answer_tokens": CHAT_ANSWER_TOKENS,
-        "coverage": subtree_coverage(home, corpus, subtree, variant) if subtree is not None else info.get("coverage"),
+        "coverage": subtree_coverage(home, corpus, subtree, VARIANTS[variant])
+        if subtree is not None
+        else info.get("coverage"),
         "prompts_by_kind": prompts_by_kind(home, corpus),
         "tokens_trained": sum(u["tokens"] for u in units),
         "units": [{k: u.get(k) for k in ("unit", "steps", "tokens", "seconds")} for u in units],
@@ -312,59 +293,6 @@ def score(
         "perplexity_trained": trained_perplexity(ppl, subtree),
         "seconds": {"train": train_s, "eval": eval_s},
     }
-
-
-def trained_perplexity(ppl: dict[str, Any], subtree: int | None) -> dict[str, Any]:
-    """Fetched memories against the anchor on the unrelated documents that met trained memories: the
-    ones the gate let through and, in a subtree run, that routed into the trained subtree. The
-    whole-set ratio averages in the documents that fetched nothing or only untrained blocks, which
-    score as the anchor does, so a subtree run's whole-set figure understates a whole bank's."""
-    from memctl.eval.results import ratio_over
-
-    docs = [d for d in ppl.get("documents", []) if not d["gated"] and (subtree is None or d["route"][0] == subtree)]
-    docs = [d for d in docs if d["tokens"] and "fetched" in d["nll"]]
-    return {"docs": len(docs), "of": ppl.get("docs"), "ratio": ratio_over(docs, "fetched")}
-
-
-def subtree_coverage(home: Path, bank: str, subtree: int, variant: str) -> dict[str, Any]:
-    """Coverage (memctl.train.coverage) of the trained subtree's windows alone."""
-    from memctl.registry import Registry
-    from memctl.train.coverage import bank_coverage
-
-    reg = Registry.open(bank, home)
-    try:
-        opts = VARIANTS[variant]
-
-        def on(flag: str) -> bool:
-            return flag in opts and opts[opts.index(flag) + 1] != "0"
-
-        # naming prompts exist only where the run made them (`train --event-names`, on by default)
-        return bank_coverage(
-            reg, questions=on("--questions"), study=on("--study"), l1=subtree, echo=on("--echo"), named=True
-        ).to_dict()
-    finally:
-        reg.close()
-
-
-def prompts_by_kind(home: Path, bank: str) -> dict[str, int]:
-    from memctl.registry import Registry
-
-    reg = Registry.open(bank, home)
-    try:
-        return {k: n for k, n in reg.db.execute("select kind, count(*) from prompts group by kind")}
-    finally:
-        reg.close()
-
-
-def corpus_tokens(home: Path, bank: str, subtree: int | None) -> int:
-    from memctl.registry import Registry
-
-    reg = Registry.open(bank, home)
-    try:
-        sql = "select coalesce(sum(n_tokens), 0) from windows" + (" where l1 = ?" if subtree is not None else "")
-        return int(reg.db.execute(sql, [subtree] if subtree is not None else []).fetchone()[0])
-    finally:
-        reg.close()
 
 
 def main() -> None:

@@ -19,10 +19,12 @@ from memctl.registry import Registry
 from memctl.train.batches import prompt_samples
 from memctl.train.coverage import bank_coverage
 from memctl.train.distill import prepare
-from memctl.train.kinds import NAMING
+from memctl.train.echo import echo_question
+from memctl.train.kinds import ECHO, NAMING
 from memctl.train.namings import event_naming, lead_name, month_year, renamed, title_name, window_namings
 from memctl.train.plan import _resolve_config
 from memctl.train.reprompt import reprompt
+from memctl.train.study import chat_turn
 
 
 def test_a_date_is_said_as_its_month_and_year() -> None:
@@ -113,8 +115,9 @@ def _bank(home: Path, tmp_path: Path, tiny_anchor: Path) -> tuple[Registry, obje
     return Registry.open("n", home), load_anchor(str(tiny_anchor), home)
 
 
-def _named(reg: Registry) -> list[tuple[str, str, str]]:
-    rows = reg.db.query("select doc_id, text, answer from prompts where kind = ?", [NAMING])
+def _named(reg: Registry, kind: str = NAMING) -> list[tuple[str, str, str]]:
+    """The (document, text, answer) of every prompt of `kind`, sorted."""
+    rows = reg.db.query("select doc_id, text, answer from prompts where kind = ?", [kind])
     return sorted((r["doc_id"], r["text"], r["answer"]) for r in rows)
 
 
@@ -181,3 +184,58 @@ def test_event_names_are_on_for_a_new_bank_off_under_lm_and_a_trained_bank_keeps
     old = dataclasses.asdict(TrainConfig())
     del old["event_names"]
     assert not train_config_from_json(json.dumps(old)).event_names
+
+
+def test_an_events_statements_are_also_asked_back_as_questions_under_its_name(
+    home: Path, tmp_path: Path, tiny_anchor: Path
+) -> None:
+    reg, anchor = _bank(home, tmp_path, tiny_anchor)
+    tok = anchor.tokenizer  # type: ignore[attr-defined]
+    prepare(reg, anchor, echo=4)
+    plain = _named(reg, ECHO)
+    assert plain and not any("(August 2024)" in t for _, t, _ in plain)
+    prepare(reg, anchor, echo=4, event_names=True)  # naming prompts, but none asked back unless the run asks
+    assert _named(reg, ECHO) == plain and _named(reg)
+    prepare(reg, anchor, echo=4, event_names=True, echo_names=4)
+    both = _named(reg, ECHO)
+    assert set(plain) < set(both)  # the echo questions of the statements stay, asked under their subject
+    extra = sorted(set(both) - set(plain))
+    # asked in the chat template, under the event's name, of the naming prompts' statements alone
+    question = "Harvion gateway (August 2024): 18:08 Service restored what?"
+    assert ("inc-1", chat_turn(tok, question), "339") in extra
+    assert {d for d, _, _ in extra} == {"inc-1", "inc-2"}  # a document about no event gets none
+    named = {(d, t, a) for d, t, a in _named(reg)}
+    for doc, text, answer in extra:
+        assert any(d == doc and a == answer and echo_question(t, a) in text for d, t, a in named)
+    flags = dict(reg.db.execute("select doc_id, max(echo_named) from windows group by doc_id").fetchall())
+    assert flags == {"inc-1": 4, "inc-2": 4, "ent-3": 0}
+    assert prepare(reg, anchor, echo=4, event_names=True, echo_names=4).prompts_added == 0  # asked once per window
+    # trained, and routed, like every echo question; they leave with their document
+    sql = "select p.* from prompts p where p.kind = ? and p.text like ?"
+    rows = list(reg.db.query(sql, [ECHO, "%(August 2024)%"]))
+    assert rows and all(r["held_out"] == 0 and r["topk_idx"] is not None and r["path"] for r in rows)
+    # without them they go again, and the statements' own echo questions are left as they were
+    prepare(reg, anchor, echo=4, event_names=True)
+    assert _named(reg, ECHO) == plain
+    prepare(reg, anchor, echo=4, event_names=True, echo_names=4)
+    assert _named(reg, ECHO) == both
+    reg.remove_documents(["inc-1"])
+    assert {d for d, _, _ in _named(reg, ECHO)} == {"inc-2", "ent-3"}
+
+
+def test_echo_names_need_event_names_and_are_off_unless_asked_for(
+    home: Path, tmp_path: Path, tiny_anchor: Path
+) -> None:
+    reg, _ = _bank(home, tmp_path, tiny_anchor)
+    assert TrainConfig().echo_names == 0 and _resolve_config(reg, {}, CPU).echo_names == 0
+    assert _resolve_config(reg, {"echo_names": 4}, CPU).echo_names == 4
+    for bad, message in (
+        (["--echo-names", "4", "--no-event-names"], "--echo-names needs --event-names"),
+        (["--echo-names", "-1"], "--echo-names must be between 0 and"),
+    ):
+        res = CliRunner().invoke(app, ["train", "--bank", "n", *bad])
+        assert res.exit_code != 0 and message in res.output and "Traceback" not in res.output
+    assert reg.db.execute("select count(*) from runs").fetchone()[0] == 0  # nothing trained
+    old = dataclasses.asdict(TrainConfig())
+    del old["echo_names"]
+    assert train_config_from_json(json.dumps(old)).echo_names == 0

@@ -206,6 +206,14 @@ def train(
             "fact besides its statement's wording (distill and mix; default 0: off; a trained bank keeps its own)."
         ),
     ] = None,
+    echo_names: Annotated[
+        int | None,
+        typer.Option(
+            help="Naming prompts per window of an event (see --event-names) asked back as questions under the "
+            "event's name ('Harvion gateway (August 2024): 18:08 Service restored what?') (distill and mix; "
+            "default 0: off; a trained bank keeps its own)."
+        ),
+    ] = None,
     echo_answer: Annotated[
         float | None,
         typer.Option(
@@ -345,6 +353,7 @@ def train(
         "questions": questions,
         "echo": echo,
         "echo_kinds": echo_kinds,
+        "echo_names": echo_names,
         "echo_answer": echo_answer,
         "event_names": event_names,
         "study": study,

@@ -219,6 +219,12 @@ def _m014_named(db: sqlite_utils.Database) -> None:
     db["windows"].add_column("named", int, not_null_default=0)
 
 
+def _m015_echo_named(db: sqlite_utils.Database) -> None:
+    """How many of each window's naming prompts were asked back as echo questions under its event's name
+    (memctl.train.echo, `train --echo-names`): 0 = none, or not an event's window."""
+    db["windows"].add_column("echo_named", int, not_null_default=0)
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_prompts,
@@ -234,6 +240,7 @@ MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m012_rules_checked,
     _m013_echo_kinds,
     _m014_named,
+    _m015_echo_named,
 ]
 
 

@@ -236,6 +236,7 @@ def prepare(
     echo: int = 0,
     echo_kinds: int = 0,
     event_names: bool = False,
+    echo_names: int = 0,
 ) -> PrepareReport:
     """Cloze prompts, anchor-written questions (`questions` per window), echo questions (`echo` per window:
     memctl.train.echo), naming prompts (with `event_names`: memctl.train.namings) and self-study
@@ -248,7 +249,7 @@ def prepare(
     added = generate_prompts(reg, progress)
     l1s = None if units is None or "generic" in units else [int(u) for u in units]
     added += add_questions(reg, anchor, questions, progress, l1s)
-    added += add_echo(reg, anchor.tokenizer, echo, l1s, echo_kinds)
+    added += add_echo(reg, anchor.tokenizer, echo, l1s, echo_kinds, echo_names if event_names else 0)
     added += add_namings(reg, event_names, l1s)
     studied, study_seconds = add_study(
         reg, anchor, study, TEACHER_SEPARATOR, progress, l1s, study_hidden, grounded=study_grounded
@@ -259,9 +260,9 @@ def prepare(
         "select avg(p.path != w.path), avg(p.l1 != w.l1) from prompts p join windows w on w.id = p.window_id"
     ).fetchone()
     cov = bank_coverage(
-        reg, questions=questions > 0, study=study > 0, echo=echo + echo_kinds > 0, named=event_names
+        reg, questions=questions > 0, study=study > 0, echo=echo + echo_kinds + echo_names > 0, named=event_names
     ).to_dict()
-    notes = () if echo + echo_kinds <= 0 or has_chat_template(anchor.tokenizer) else (NO_ECHO,)
+    notes = () if echo + echo_kinds + echo_names <= 0 or has_chat_template(anchor.tokenizer) else (NO_ECHO,)
     return PrepareReport(
         added, total, float(row[0] or 0.0), float(row[1] or 0.0), seconds, studied, study_seconds, cov, notes
     )

@@ -32,6 +32,13 @@ down?") misses a figure learned after "Service restored," (docs/corpora.md). A k
 answer a second key, the subject and the answer's own kind, with none of the statement's other words. The
 rule is one of English, not of a corpus's style: a number followed by a plural noun or a unit, or a name by a
 short noun phrase that ends its clause, is a count or an instance of that noun.
+
+With event names (`train --event-names`, memctl.train.namings) and `train --echo-names N`, an event's window
+also asks N of its naming prompts back, picked the same way: "Harvion gateway (August 2024): 18:08 Service
+restored what?" -> "339", beside "INC-1770 timeline (Harvion gateway, Arvenhall data centre, August 12,
+2024): 18:08 Service restored what?". A reader asks about an event by what failed and when, in a question; the
+naming prompts give the memories that key as statements only. Off by default: on incidents it moved 3
+statements and 2 questions of 120, against a baseline trained on another CPU (docs/corpora.md).
 """
 
 from __future__ import annotations
@@ -46,8 +53,9 @@ from ..model.anchor import has_chat_template
 from ..registry import Registry
 from .kinds import ECHO, replace_kind, trained_rule_prompts
 from .leads import topic, window_leads
+from .namings import has_event_title, window_event_namings, window_namings
 from .prompts import gives, joins_without_space
-from .sections import subjects, window_openings
+from .sections import document_windows, subjects, window_openings
 from .sentences import DAY as _DAY
 from .sentences import MONTH_NAMES
 from .study import chat_turn
@@ -247,22 +255,37 @@ def kind_questions(
     return [(q, next(iter(found[q]))) for q in order if len(found[q]) == 1][:n]
 
 
-def add_echo(reg: Registry, tokenizer: Any, per_window: int, l1s: Sequence[int] | None = None, kinds: int = 0) -> int:
+def add_echo(
+    reg: Registry,
+    tokenizer: Any,
+    per_window: int,
+    l1s: Sequence[int] | None = None,
+    kinds: int = 0,
+    names: int = 0,
+) -> int:
     """Echo questions (`per_window`) and kind questions (`kinds` per window) for every window last echoed
-    with other counts (its earlier ones are replaced); with `l1s`, only the windows of those level-1
-    subtrees. Each is routed from the question alone to the nearest window of its own document, and trained,
-    never held out. None for an anchor without a chat template (the prepare report says so). Returns how many."""
-    if (per_window <= 0 and kinds <= 0) or not has_chat_template(tokenizer):
+    with other counts (its earlier ones are replaced); `names` per window of an event (`train --echo-names`) ask
+    its naming prompts back (memctl.train.namings: "Harvion gateway (August 2024): 18:08 Service restored
+    what?"); with `l1s`, only the windows of those level-1 subtrees. Each is
+    routed from the question alone to the nearest window of its own document, and trained, never held out.
+    None for an anchor without a chat template (the prepare report says so). Returns how many."""
+    if (per_window <= 0 and kinds <= 0 and names <= 0) or not has_chat_template(tokenizer):
         return 0
     only = f" and w.l1 in ({','.join(str(int(x)) for x in l1s)})" if l1s is not None else ""
-    rows_w = list(
+    rows_all = list(
         reg.db.query(
-            "select w.id, w.doc_id, w.text, d.title from windows w join documents d on d.id = w.doc_id "
-            f"where w.prompted = 1 and (w.echoed != ? or w.echo_kinds != ?){only} "
-            "order by w.id",
-            [per_window, kinds],
+            "select w.id, w.doc_id, w.echoed, w.echo_kinds, w.echo_named, d.title from windows w "
+            f"join documents d on d.id = w.doc_id where w.prompted = 1{only} order by w.id"
         )
     )
+    events = {r["doc_id"] for r in rows_all if names > 0 and has_event_title(r["title"] or "")}
+    namings = window_event_namings(reg, events) if events else {}
+    asked = {int(r["id"]): names if int(r["id"]) in namings else 0 for r in rows_all}  # under an event's name
+    rows_w = [
+        r
+        for r in rows_all
+        if (r["echoed"], r["echo_kinds"], r["echo_named"]) != (per_window, kinds, asked[int(r["id"])])
+    ]
     windows = [int(r["id"]) for r in rows_w]
     if not windows:
         return 0
@@ -270,10 +293,11 @@ def add_echo(reg: Registry, tokenizer: Any, per_window: int, l1s: Sequence[int] 
     if kinds > 0:
         docs = {r["doc_id"] for r in rows_w}
         starts, leads = window_openings(reg, docs), window_leads(reg, docs)
+        texts = {w: t for _, wins in document_windows(reg, docs).values() for w, t in wins}
         for r in rows_w:
             w, title, start = int(r["id"]), r["title"] or "", starts[int(r["id"])]
-            names = [title] + [x for x in subjects(r["text"], title, start is not None, start or "") if x != title]
-            about[w] = (r["text"], names, leads[w])
+            called = [title] + [x for x in subjects(texts[w], title, start is not None, start or "") if x != title]
+            about[w] = (texts[w], called, leads[w])
     made: list[dict[str, Any]] = []
     bare: list[str] = []
 
@@ -295,9 +319,21 @@ def add_echo(reg: Registry, tokenizer: Any, per_window: int, l1s: Sequence[int] 
         for i in pick_statements(clozes, per_window):
             add(rows[i], *echo_pair(*clozes[i]))
         if kinds > 0:
-            text, names, lead = about[w]
-            for q, said in kind_questions(text, clozes, names, lead, kinds):
+            text, called, lead = about[w]
+            for q, said in kind_questions(text, clozes, called, lead, kinds):
                 add(rows[0], q, said)
+        if w in namings:
+            renamed_clozes = window_namings(clozes, namings[w][1], namings[w][0])
+            for i in pick_statements(renamed_clozes, names):
+                add(rows[0], *echo_pair(*renamed_clozes[i]))
     route_rows(reg, made, bare)
-    replace_kind(reg, ECHO, windows, {"echoed": per_window, "echo_kinds": kinds}, made)
+    with reg.db.atomic():
+        replace_kind(reg, ECHO, windows, {"echoed": per_window, "echo_kinds": kinds}, made)
+        for value in sorted({asked[w] for w in windows}):
+            marked = [w for w in windows if asked[w] == value]
+            for s in range(0, len(marked), 500):
+                chunk = marked[s : s + 500]
+                reg.db.execute(
+                    f"update windows set echo_named = ? where id in ({','.join('?' * len(chunk))})", [value, *chunk]
+                )
     return len(made)

@@ -425,6 +425,7 @@ def prepare_training(
             tcfg.echo,
             tcfg.echo_kinds,
             tcfg.event_names,
+            tcfg.echo_names,
         )
     if tcfg.preserve > 0:
         prepare_pool(reg, anchor, stage, tcfg.preserve_pool)

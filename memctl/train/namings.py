@@ -174,6 +174,20 @@ def window_namings(clozes: Sequence[tuple[str, str]], subjects: Sequence[str], n
     return [(s, next(iter(answers))) for s, answers in found.items() if len(answers) == 1]
 
 
+def window_event_namings(reg: Registry, docs: set[str]) -> dict[int, tuple[str, list[str]]]:
+    """Each window of `docs` whose document is about an event: its event's naming, and the subjects the
+    naming takes the place of in its prompts (the title with its lead, the title)."""
+    namings: dict[int, tuple[str, list[str]]] = {}
+    for title, wins in document_windows(reg, docs).values():
+        texts = [t for _, t in wins]
+        lead = document_lead(title, texts)
+        naming = event_naming(title, lead, "\n\n".join(texts))
+        if naming:
+            title = " ".join(title.split())
+            namings.update({w: (naming, [topic(title, lead), title]) for w, _ in wins})
+    return namings
+
+
 def add_namings(reg: Registry, on: bool, l1s: Sequence[int] | None = None) -> int:
     """With `on`, the naming prompts of every window not yet named (memctl.train.namings); with `l1s`, only
     the windows of those level-1 subtrees. Each is routed from its own text to the nearest window of its own
@@ -185,14 +199,7 @@ def add_namings(reg: Registry, on: bool, l1s: Sequence[int] | None = None) -> in
     windows = [int(r["id"]) for r in rows_w]
     if not windows:
         return 0
-    namings: dict[int, tuple[str, list[str]]] = {}  # window: its event's naming, the subjects it replaces
-    for title, wins in document_windows(reg, {r["doc_id"] for r in rows_w}).values():
-        texts = [t for _, t in wins]
-        lead = document_lead(title, texts)
-        naming = event_naming(title, lead, "\n\n".join(texts))
-        if naming:
-            title = " ".join(title.split())
-            namings.update({w: (naming, [topic(title, lead), title]) for w, _ in wins})
+    namings = window_event_namings(reg, {r["doc_id"] for r in rows_w})
     made: list[dict[str, Any]] = []
     named = [w for w in windows if w in namings]
     for w, rows in trained_rule_prompts(reg, named, RULE_KINDS).items():

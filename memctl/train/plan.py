@@ -84,5 +84,7 @@ def _resolve_config(reg: Registry, overrides: dict[str, Any], place: Placement) 
         tcfg = dataclasses.replace(tcfg, echo_kinds=0)
     if tcfg.objective == "lm" and "event_names" not in overrides:  # naming prompts are distilled too
         tcfg = dataclasses.replace(tcfg, event_names=False)
+    if not tcfg.event_names and "echo_names" not in overrides:  # they ask the naming prompts back
+        tcfg = dataclasses.replace(tcfg, echo_names=0)
     tcfg.validate()
     return tcfg

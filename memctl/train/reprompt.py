@@ -161,7 +161,7 @@ def reprompt(reg: Registry, all_windows: bool = False) -> RepromptReport:
             f"delete from prompts where kind in (?, ?) and window_id in (select id from windows where {where})",
             [ECHO, NAMING],
         )
-        reg.db.execute(f"update windows set echoed = 0, echo_kinds = 0, named = 0 where {where}")
+        reg.db.execute(f"update windows set echoed = 0, echo_kinds = 0, named = 0, echo_named = 0 where {where}")
         # self-study continuations whose seeds these rules name otherwise are sampled again too
         _set(reg, "studied", 0, _reseeded(reg, where))
         reg.db.execute(f"update windows set prompted = 0 where {where}")
