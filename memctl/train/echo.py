@@ -327,13 +327,9 @@ def add_echo(
             for i in pick_statements(renamed_clozes, names):
                 add(rows[0], *echo_pair(*renamed_clozes[i]))
     route_rows(reg, made, bare)
-    with reg.db.atomic():
-        replace_kind(reg, ECHO, windows, {"echoed": per_window, "echo_kinds": kinds}, made)
+    with reg.db.atomic():  # the windows asked under an event's name record how many, the others 0
         for value in sorted({asked[w] for w in windows}):
-            marked = [w for w in windows if asked[w] == value]
-            for s in range(0, len(marked), 500):
-                chunk = marked[s : s + 500]
-                reg.db.execute(
-                    f"update windows set echo_named = ? where id in ({','.join('?' * len(chunk))})", [value, *chunk]
-                )
+            group = {w for w in windows if asked[w] == value}
+            counts = {"echoed": per_window, "echo_kinds": kinds, "echo_named": value}
+            replace_kind(reg, ECHO, sorted(group), counts, [m for m in made if m["window_id"] in group])
     return len(made)

@@ -56,7 +56,7 @@ def replace_kind(
 ) -> None:
     """In one transaction: the prompts of `kind` of `windows` become `rows`, and each window records each
     count of `counts` in its column (how many per window it was asked for: `questioned`, `echoed`,
-    `echo_kinds`, `named`)."""
+    `echo_kinds`, `echo_named`, `named`)."""
     with reg.db.atomic():
         for s in range(0, len(windows), 500):
             chunk = list(windows[s : s + 500])
