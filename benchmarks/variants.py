@@ -64,7 +64,7 @@ def bank(work: Path) -> tuple[Registry, Path]:
         build = [sys.executable, str(ROOT / "examples/elements/build.py"), "--out", str(data)]
         subprocess.run(build, check=True, stdout=subprocess.DEVNULL)
     if not Registry.bank_dir(BANK, home).exists():
-        ingest(BANK, [data / "elements.jsonl"], id_field="id", memory_layers="last:10", home=home)
+        ingest(BANK, [data / "elements.jsonl"], id_field="id", tree=(4, 2), memory_layers="last:10", home=home)
     return Registry.open(BANK, home), data
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from memctl.core.config import default_tree
+from memctl.core.config import EXTRA_LEVEL_MIN_RANK, default_ranks, default_shape, default_tree, resolve_shape
 from memctl.core.tree import balanced_kmeans, build_tree, route
 
 
@@ -74,3 +74,35 @@ def test_default_tree_keeps_a_few_windows_per_leaf() -> None:
         k, p = default_tree(n)
         assert 2 <= k <= 16 and 1 <= p <= 4
         assert 2 <= n / k**p <= 32, (n, k, p)
+
+
+def test_default_shape_splits_leaves_once_more_where_the_budget_keeps_ranks() -> None:
+    anchor = {"n_layers": 30, "hidden": 576, "anchor_params": 134_515_008}  # SmolLM2-135M, memories in all layers
+    # the four benchmark corpora's window counts: each leaf of ~8 windows split once more
+    assert default_shape(73, **anchor) == (3, 3, (144, 72, 32))
+    assert default_shape(118, **anchor) == (4, 3, (72, 32, 16))
+    assert default_shape(356, **anchor) == (7, 3, (24, 11, 4))
+    for n in (73, 118, 356, 5000, 20000):
+        k, p, ranks = default_shape(n, **anchor)
+        assert len(ranks) == p
+        assert (k, p) == default_tree(n) or (k, p - 1) == default_tree(n)
+        if p > default_tree(n)[1]:
+            assert min(ranks) >= EXTRA_LEVEL_MIN_RANK
+            assert default_ranks(k, p, 30, 576, 134_515_008) == ranks
+    # a deeper tree would leave its leaves rank 1 under the budget: the leaves of ~8 windows stay
+    assert default_shape(1000, **anchor) == (11, 2, (32, 16))
+    # with memories in fewer layers the budget leaves room for the extra level
+    assert default_shape(1000, n_layers=10, hidden=576, anchor_params=134_515_008)[:2] == (11, 3)
+    # a corpus with no room for a hierarchy keeps its single level
+    assert default_shape(20, **anchor)[1] == 1
+
+
+def test_resolve_shape_keeps_what_the_user_gave() -> None:
+    dims = (30, 576, 134_515_008)
+    assert resolve_shape(118, None, None, *dims) == default_shape(118, *dims)
+    assert resolve_shape(118, (4, 2), None, *dims) == (4, 2, (168, 80))  # the tree given, the budget's ranks
+    assert resolve_shape(118, (5, 2), (8, 4), *dims) == (5, 2, (8, 4))  # both given: as given
+    # ranks alone: default_tree's k, at its depth or one level deeper, as the ranks count
+    assert resolve_shape(118, None, (64, 32), *dims) == (4, 2, (64, 32))
+    assert resolve_shape(118, None, (48, 32, 16), *dims) == (4, 3, (48, 32, 16))
+    assert resolve_shape(118, None, (8, 8, 8, 8), *dims)[1] == 2  # neither: ingest reports the mismatch

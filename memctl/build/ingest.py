@@ -17,9 +17,8 @@ from ..core.config import (
     TreeConfig,
     check_bank_size,
     check_seed,
-    default_ranks,
-    default_tree,
     parse_layers,
+    resolve_shape,
 )
 from ..core.errors import BankStateError, InputError
 from ..model.anchor import Anchor, load_anchor, neuron_std, resolve_anchor
@@ -71,10 +70,8 @@ def _new_config(
     memory_layers: str,
     seed: int,
 ) -> BankConfig:
-    k, p = tree or default_tree(n_windows)
     layers = parse_layers(memory_layers, anchor.n_layers)
-    if ranks is None:
-        ranks = default_ranks(k, p, len(layers), anchor.hidden, anchor.n_params)
+    k, p, ranks = resolve_shape(n_windows, tree, ranks, len(layers), anchor.hidden, anchor.n_params)
     if len(ranks) != p:
         raise InputError(f"--ranks has {len(ranks)} values but the tree has {p} levels; give one rank per level")
     if any(r < 0 for r in ranks) or sum(ranks) == 0:
