@@ -39,7 +39,8 @@ def ingest(
     id_field: Annotated[str | None, typer.Option(help="Id column of table files (default: file:row).")] = None,
     window: Annotated[int | None, typer.Option(help="Max anchor tokens per window (new bank; default 512).")] = None,
     tree: Annotated[
-        str | None, typer.Option(help="K,P: children per node, levels (new bank; default from corpus size).")
+        str | None,
+        typer.Option(help="K,P: children per node, levels (new bank; default from corpus size and the bank budget)."),
     ] = None,
     ranks: Annotated[
         str | None, typer.Option(help="r1,...,rp memory neurons per level (new bank; default ~10% fetched).")
