@@ -89,3 +89,15 @@ def tree_digest(path: Path) -> str:
             h.update(str(p.relative_to(path)).encode())
             h.update(p.read_bytes())
     return h.hexdigest()
+
+
+def grep_files(root: Path, needle: bytes) -> list[str]:
+    """Files under a directory whose bytes hold `needle` (a forgotten text must be in none)."""
+    return [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+def in_units(row: dict, units: list[str], k: int) -> bool:
+    """Whether a block row belongs to one of the training units named (level-1 subtrees and 'generic')."""
+    if row["level"] == 0:
+        return "generic" in units
+    return str(row["idx"] // k ** (row["level"] - 1)) in units

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from conftest import grep_files, in_units
 from typer.testing import CliRunner
 
 from memctl.build.ingest import ingest
@@ -21,10 +22,6 @@ CFG = {"epochs": 2, "batch_size": 2, "objective": "mix"}
 DOC = "metals/0.txt"
 PROMPT = "Iron is a strong metal used in steel"
 SECRET = b"strong metal used in steel and bridges"
-
-
-def _grep(root: Path, needle: bytes) -> list[str]:
-    return [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
 
 
 def test_a_three_level_bank_trains_answers_blocks_audits_and_forgets(
@@ -61,20 +58,15 @@ def test_a_three_level_bank_trains_answers_blocks_audits_and_forgets(
     assert {b.split(":")[0] for b in on_path} >= {"1", "2", "3"}
 
     # forget: the document's unit retrains, its text leaves every file, the other unit's blocks keep their files
-    before = {r["id"]: (r["file"], r["sha256"]) for r in reg.blocks("file is not null") if r["level"] > 0}
+    before = {r["id"]: (r["file"], r["sha256"]) for r in reg.blocks("file is not null")}
     plan = plan_forget("d", docs=[DOC], home=home)
     assert plan.units and plan.windows == 1
-    assert _grep(reg.path, SECRET)
+    assert grep_files(reg.path, SECRET)
     report = forget(plan, home=home)
     reg = Registry.open("d", home)
-    assert report.blocks_replaced > 0 and _grep(reg.path, SECRET) == []
+    assert report.blocks_replaced > 0 and grep_files(reg.path, SECRET) == []
     assert not reg.db.execute("select count(*) from block_docs where doc_id = ?", [DOC]).fetchone()[0]
-    units = {u for u in plan.units if u != "generic"}
-    kept = [bid for bid, (lvl, idx) in _levels(reg).items() if lvl > 0 and str(idx // 2 ** (lvl - 1)) not in units]
+    kept = [r["id"] for r in reg.blocks("file is not null") if not in_units(r, plan.units, reg.config.tree.k)]
     assert kept, "the corpus should leave one level-1 subtree untouched"
     now = {r["id"]: (r["file"], r["sha256"]) for r in reg.blocks("file is not null")}
     assert all(now[bid] == before[bid] for bid in kept)
-
-
-def _levels(reg: Registry) -> dict[str, tuple[int, int]]:
-    return {r["id"]: (r["level"], r["idx"]) for r in reg.blocks("file is not null")}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tree_digest
+from conftest import grep_files, in_units, tree_digest
 
 from memctl.build.ingest import ingest
 from memctl.core.errors import InputError
@@ -25,10 +25,6 @@ CFG = {"epochs": 3, "batch_size": 2, "objective": "mix"}  # windows and prompts 
 
 def _blocks(reg: Registry) -> dict[str, dict[str, torch.Tensor]]:
     return {r["id"]: reg.read_block(r) for r in reg.blocks("file is not null")}
-
-
-def _grep(root: Path, needle: bytes) -> list[str]:
-    return [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
 
 
 @pytest.fixture()
@@ -82,7 +78,7 @@ def test_exact_forgetting_retrains_in_the_dtype_the_unit_was_trained_in(
 
 def test_exact_forgetting_equals_training_without_the_document(home: Path, twin_banks) -> None:  # noqa: ANN001
     a, b = twin_banks
-    assert _grep(a.path, SECRET)  # the text is in the bank before
+    assert grep_files(a.path, SECRET)  # the text is in the bank before
     before_rows = {r["id"]: r for r in a.blocks("file is not null")}
     pool = [tuple(r) for r in a.db.execute("select * from preserve order by id")]
     assert pool
@@ -99,7 +95,7 @@ def test_exact_forgetting_equals_training_without_the_document(home: Path, twin_
         for part in ("gate", "up", "down"):
             assert torch.equal(got[bid][part], want[bid][part]), (bid, part)
     # blocks of units the document never touched kept their very file
-    untouched = [r for r in a.blocks("file is not null") if not _in_units(r, plan.units, a.config.tree.k)]
+    untouched = [r for r in a.blocks("file is not null") if not in_units(r, plan.units, a.config.tree.k)]
     assert untouched, "the test corpus should leave some unit untouched"
     for r in untouched:
         assert (r["file"], r["sha256"]) == (before_rows[r["id"]]["file"], before_rows[r["id"]]["sha256"])
@@ -107,7 +103,7 @@ def test_exact_forgetting_equals_training_without_the_document(home: Path, twin_
     assert not a.db.execute("select count(*) from documents where id = ?", [DOC]).fetchone()[0]
     assert not a.db.execute("select count(*) from block_docs where doc_id = ?", [DOC]).fetchone()[0]
     assert not a.db.execute("select count(*) from prompts where doc_id = ?", [DOC]).fetchone()[0]
-    assert _grep(a.path, SECRET) == []
+    assert grep_files(a.path, SECRET) == []
     referenced = {a.path / r["file"] for r in a.blocks("file is not null")}
     assert set((a.path / "blocks").iterdir()) == referenced  # replaced files are deleted
     # the report: in the registry, with the proof
@@ -121,12 +117,6 @@ def test_exact_forgetting_equals_training_without_the_document(home: Path, twin_
     (again,) = verify_forgotten("a", [Path(str(home)).parent / "docs" / DOC], home=home)
     assert not again.in_registry and again.traces == [] and again.fragments > 0
     assert again.verdict == proof.verdict
-
-
-def _in_units(row: dict, units: list[str], k: int) -> bool:
-    if row["level"] == 0:
-        return "generic" in units
-    return str(row["idx"] // k ** (row["level"] - 1)) in units
 
 
 def test_interrupted_forget_changes_nothing(home: Path, twin_banks, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
@@ -157,7 +147,7 @@ def test_drop_mode_deletes_the_units_blocks_and_train_restores_them(home: Path, 
     assert report.blocks_dropped == plan.unit_blocks > 0 and report.blocks_replaced == 0
     a = Registry.open("a", home)
     assert a.db.execute("select count(*) from blocks where state = 'dropped'").fetchone()[0] == plan.unit_blocks
-    assert _grep(a.path, SECRET) == []
+    assert grep_files(a.path, SECRET) == []
     res = train("a", home=home)  # retrains exactly the dropped units, with their own configuration
     assert sorted(u.unit for u in res.units) == sorted(plan.units)
     got, want = _blocks(a), _blocks(b)
