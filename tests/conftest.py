@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from tiny import build_tiny_llama
 
+from memctl.core.tree import subtree_of
+
 TOPICS = {
     "metals": [
         "Iron is a strong metal used in steel and bridges.",
@@ -100,4 +102,4 @@ def in_units(row: dict, units: list[str], k: int) -> bool:
     """Whether a block row belongs to one of the training units named (level-1 subtrees and 'generic')."""
     if row["level"] == 0:
         return "generic" in units
-    return str(row["idx"] // k ** (row["level"] - 1)) in units
+    return str(subtree_of(row["level"], row["idx"], k)) in units

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import BankNotFound, MemctlError
+from ..core.tree import subtree_of
 from ..registry import TMP_FILE, Registry, check_name, memctl_home, now
 from ..registry.blockfile import SUFFIX
 from ..registry.checkpoints import GLOB, LEGACY_GLOB
@@ -379,8 +380,8 @@ def _provenance(doc: _Doctor, reg: Registry) -> None:
     ).fetchall()
     if ghosts:
         k = reg.config.tree.k
-        units = sorted({_unit(reg, b[0], k) for b in ghosts})
-        unit_blocks = [r["id"] for r in reg.blocks("file is not null") if _unit(reg, r["id"], k) in units]
+        units = sorted({_unit(b[0], k) for b in ghosts})
+        unit_blocks = [r["id"] for r in reg.blocks("file is not null") if _unit(r["id"], k) in units]
         f = doc.add(
             "provenance",
             f"{len(ghosts)} block(s) still shaped by documents the bank no longer holds (an interrupted or lost "
@@ -401,11 +402,11 @@ def _provenance(doc: _Doctor, reg: Registry) -> None:
         )
 
 
-def _unit(reg: Registry, block: str, k: int) -> str:
+def _unit(block: str, k: int) -> str:
     if block == "generic":
         return GENERIC
     level, idx = (int(x) for x in block.split(":"))
-    return str(idx // k ** (level - 1))
+    return str(subtree_of(level, idx, k))
 
 
 def _nodes(doc: _Doctor, reg: Registry) -> None:
